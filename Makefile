@@ -1,0 +1,51 @@
+# Harness Engine: developer entry points. `make test` is what CI runs.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+E2E := e2e/scripts
+
+.PHONY: all build test lint fmt crds crds-check unit e2e-build e2e-up e2e-down dev clean-e2e
+
+all: build
+
+build:
+	$(CARGO) build --locked
+
+## test: everything CI checks: formatting, lints, generated files, unit and integration
+## tests against a real local control plane (started and stopped here).
+test: lint e2e-build
+	$(CARGO) build --locked --all-targets
+	$(E2E)/with-control-plane.sh $(CARGO) test --locked --all-targets
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --locked --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## crds: regenerate crds/ from src/api (a test fails when they drift).
+crds:
+	$(CARGO) run --locked --quiet -- crds --out-dir crds
+
+## unit: tests that need no control plane.
+unit:
+	$(CARGO) test --locked --lib
+
+e2e-build:
+	$(E2E)/build.sh >/dev/null
+
+e2e-up: e2e-build
+	$(E2E)/up.sh
+
+e2e-down:
+	$(E2E)/down.sh
+
+## dev: local control plane up (target/e2e) with our CRDs installed.
+dev: e2e-up
+	@source target/e2e/env && $$HARNESS_E2E_BIN/kubectl apply --server-side -f crds/ && \
+	  $$HARNESS_E2E_BIN/kubectl wait --for=condition=Established --timeout=60s -f crds/ && \
+	  echo "control plane up; export KUBECONFIG=$(CURDIR)/target/e2e/kubeconfig (stop it with: make e2e-down)"
+
+clean-e2e:
+	$(E2E)/down.sh --purge

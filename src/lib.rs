@@ -1,0 +1,8 @@
+//! Harness Engine: a Kubernetes operator that keeps the state of AI-agent harnesses
+//! (thread-state heads, native state bodies, long-term memory, run ledgers, traces)
+//! independent of the disposable sandbox pods they run in.
+//!
+//! Module map (dependencies point downwards only):
+//! - [`api`]: the custom resource types and condition helpers. No IO.
+
+pub mod api;

@@ -1,0 +1,165 @@
+//! Shared plumbing for the tests that run against the local control plane started by
+//! `e2e/scripts/with-control-plane.sh` (which `make test` uses). Each test works in a
+//! throw-away namespace and deletes it when done, so tests can run twice and in parallel.
+#![allow(dead_code)]
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::core::v1::Namespace,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{conditions, wait::await_condition},
+};
+
+/// Values written by `e2e/scripts/up.sh` into its env file.
+pub struct ControlPlane {
+    pub kubeconfig: PathBuf,
+    pub mongodb_uri: String,
+    pub bin: PathBuf,
+}
+
+pub fn control_plane() -> &'static ControlPlane {
+    static CP: OnceLock<ControlPlane> = OnceLock::new();
+    CP.get_or_init(|| {
+        let env_file = std::env::var("HARNESS_E2E_ENV").unwrap_or_else(|_| {
+            panic!(
+                "this test needs the local control plane: run it through `make test`, or `make e2e-up` \
+                 and then `HARNESS_E2E_ENV=target/e2e/env cargo test`"
+            )
+        });
+        let text = std::fs::read_to_string(&env_file).unwrap_or_else(|e| panic!("reading {env_file}: {e}"));
+        let vars = parse_env(&text);
+        let get = |k: &str| vars.get(k).cloned().unwrap_or_else(|| panic!("{env_file} has no {k}"));
+        ControlPlane {
+            kubeconfig: PathBuf::from(get("KUBECONFIG")),
+            mongodb_uri: get("HARNESS_E2E_MONGODB_URI"),
+            bin: PathBuf::from(get("HARNESS_E2E_BIN")),
+        }
+    })
+}
+
+/// Parses `export KEY=VALUE` / `KEY=VALUE` lines, with optional quotes.
+fn parse_env(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("export ").unwrap_or(l).split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned()))
+        .collect()
+}
+
+pub async fn client() -> Client {
+    let cp = control_plane();
+    let kubeconfig = Kubeconfig::read_from(&cp.kubeconfig).expect("kubeconfig readable");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig valid");
+    Client::try_from(config).expect("client")
+}
+
+/// Runs the control plane's own kubectl; returns (success, stdout, stderr).
+pub fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let cp = control_plane();
+    let out = Command::new(cp.bin.join("kubectl"))
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Installs the committed CRDs (what a user installs) and waits until they are served.
+pub async fn install_our_crds(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = repo_path("crds");
+    let mut entries: Vec<_> = std::fs::read_dir(&dir).expect("crds/").flatten().map(|e| e.path()).collect();
+    entries.sort();
+    for path in entries {
+        let text = std::fs::read_to_string(&path).expect("crd file");
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).expect("crd yaml");
+        let name = crd.metadata.name.clone().expect("crd name");
+        api.patch(&name, &PatchParams::apply("harness-engine-tests").force(), &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+        tokio::time::timeout(Duration::from_secs(30), await_condition(api.clone(), &name, conditions::is_crd_established()))
+            .await
+            .unwrap_or_else(|_| panic!("{name} not established within 30s"))
+            .expect("watch");
+    }
+}
+
+/// A namespace that is deleted when the test ends (pass or fail).
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn new(client: &Client, prefix: &str) -> Self {
+        let name = format!("{prefix}-{:08x}", rand_u32());
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"harness-engine.dev/test": "true"}}}))
+            .expect("namespace");
+        api.create(&PostParams::default(), &ns).await.expect("create namespace");
+        TestNamespace { name, client: client.clone() }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let name = self.name.clone();
+        // Drop cannot be async; the test runtime is still alive, so delete on a helper thread.
+        let handle = tokio::runtime::Handle::try_current();
+        if let Ok(handle) = handle {
+            let _ = std::thread::spawn(move || {
+                handle.block_on(async move {
+                    let _ = api.delete(&name, &DeleteParams::background()).await;
+                })
+            })
+            .join();
+        }
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now()) as u32
+}
+
+/// Polls `f` until it returns Some, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
