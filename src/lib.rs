@@ -4,5 +4,9 @@
 //!
 //! Module map (dependencies point downwards only):
 //! - [`api`]: the custom resource types and condition helpers. No IO.
+//! - [`domain`]: pure rules (identities, scopes, fencing, limits, error codes). No IO.
+//! - [`store`]: the state store traits and their SQLite and MongoDB backends.
 
 pub mod api;
+pub mod domain;
+pub mod store;

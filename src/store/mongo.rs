@@ -1,0 +1,1 @@
+//! MongoDB backend (work in progress).

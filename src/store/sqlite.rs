@@ -1,0 +1,1 @@
+//! Embedded SQLite backend (work in progress).
