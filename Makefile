@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds crds-check unit e2e-build e2e-up e2e-down dev clean-e2e
+.PHONY: all build test lint fmt crds unit e2e-build e2e-up e2e-down dev clean-e2e bench-store
 
 all: build
 
@@ -31,6 +31,11 @@ crds:
 ## unit: tests that need no control plane.
 unit:
 	$(CARGO) test --locked --lib
+
+## bench-store: commit rounds per second and latency for both store backends
+## (prints a table, writes target/bench/store.json).
+bench-store: e2e-build
+	$(CARGO) bench --locked --bench store
 
 e2e-build:
 	$(E2E)/build.sh >/dev/null
