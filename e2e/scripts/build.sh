@@ -34,6 +34,27 @@ build() { # name package [extra ldflags]
   echo "build: $name done in $((SECONDS - started))s" >&2
 }
 
+# FerretDB's main package panics at start unless build/version/version.txt (made
+# by its own release tooling, absent from the module zip) holds a version. Build
+# it from a writable copy of the module with that file added, resolved through a
+# throwaway copy of our go.mod so every dependency keeps the version go.sum pins.
+build_ferretdb() {
+  local started=$SECONDS src work
+  echo "build: ferretdb (github.com/FerretDB/FerretDB/cmd/ferretdb, version.txt added)" >&2
+  src=$(go list -m -f '{{.Dir}}' github.com/FerretDB/FerretDB)
+  work=$(mktemp -d "$staging/.ferretdb.XXXXXX")
+  cp -R "$src" "$work/src"
+  chmod -R u+w "$work/src"
+  go list -m -f '{{.Version}}' github.com/FerretDB/FerretDB >"$work/src/build/version/version.txt"
+  mkdir "$work/mod"
+  cp go.mod go.sum "$work/mod/"
+  (cd "$work/mod" &&
+    go mod edit -replace "github.com/FerretDB/FerretDB=$work/src" &&
+    go build -trimpath -ldflags "-s -w" -o "$staging/ferretdb" github.com/FerretDB/FerretDB/cmd/ferretdb)
+  rm -rf "$work"
+  echo "build: ferretdb done in $((SECONDS - started))s" >&2
+}
+
 build etcd go.etcd.io/etcd/server/v3
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kver"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$kver"
@@ -41,7 +62,7 @@ build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$kver"
 build kubectl k8s.io/kubernetes/cmd/kubectl "$kver"
 build kwok sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=v0.8.0 -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$k8s_version"
 build agent-sandbox-controller sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller
-build ferretdb github.com/FerretDB/FerretDB/cmd/ferretdb
+build_ferretdb
 
 # The Agent Sandbox CRDs ship inside its module; keep them next to the binaries so
 # `up` installs exactly the API this controller serves.
