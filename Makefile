@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds unit e2e-build e2e-up e2e-down dev clean-e2e bench-store
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api
 
 all: build
 
@@ -16,6 +16,7 @@ build:
 test: lint e2e-build
 	$(CARGO) build --locked --all-targets
 	$(E2E)/with-control-plane.sh $(CARGO) test --locked --all-targets
+	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
 
 lint:
 	$(CARGO) fmt --all --check
@@ -28,6 +29,10 @@ fmt:
 crds:
 	$(CARGO) run --locked --quiet -- crds --out-dir crds
 
+## openapi: regenerate docs/openapi.json from the code (a test fails when it drifts).
+openapi:
+	$(CARGO) run --locked --quiet -- openapi --out docs/openapi.json
+
 ## unit: tests that need no control plane.
 unit:
 	$(CARGO) test --locked --lib
@@ -36,6 +41,11 @@ unit:
 ## (prints a table, writes target/bench/store.json).
 bench-store: e2e-build
 	$(CARGO) bench --locked --bench store
+
+## bench-api: turns per second over HTTP and idle RSS of `serve`
+## (prints a table, writes target/bench/api.json).
+bench-api:
+	$(CARGO) bench --locked --bench api
 
 e2e-build:
 	$(E2E)/build.sh >/dev/null

@@ -45,19 +45,35 @@ struct Row {
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let settings = if full {
-        Settings { duration: Duration::from_secs(6), fsync_samples: 500 }
+        Settings {
+            duration: Duration::from_secs(6),
+            fsync_samples: 500,
+        }
     } else {
-        Settings { duration: Duration::from_millis(300), fsync_samples: 20 }
+        Settings {
+            duration: Duration::from_millis(300),
+            fsync_samples: 20,
+        }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap_or_else(|e| fail(&format!("tokio: {e}")));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(&format!("tokio: {e}")));
     let scratch = tempfile::tempdir().unwrap_or_else(|e| fail(&format!("temp dir: {e}")));
 
     let (fsync_p50, fsync_p99) = fsync_latency(scratch.path(), settings.fsync_samples);
     let mut rows = Vec::new();
-    let limits = Limits { writes_per_second: 1_000_000, write_burst: 1_000_000, ..Limits::default() };
+    let limits = Limits {
+        writes_per_second: 1_000_000,
+        write_burst: 1_000_000,
+        ..Limits::default()
+    };
 
     runtime.block_on(async {
-        let sqlite = SqliteStore::open(&scratch.path().join("bench.db"), limits.clone()).await.unwrap_or_else(|e| fail(&format!("sqlite: {e}")));
+        let sqlite = SqliteStore::open(&scratch.path().join("bench.db"), limits.clone())
+            .await
+            .unwrap_or_else(|e| fail(&format!("sqlite: {e}")));
         let sqlite = Arc::new(sqlite);
         for bindings in [1, 64] {
             rows.push(measure("sqlite", sqlite.clone(), bindings, settings.duration).await);
@@ -67,20 +83,48 @@ fn main() {
     let ferret = FerretDb::start(scratch.path());
     runtime.block_on(async {
         let uri = ferret.uri();
-        let mongo = MongoStore::connect(&uri, &format!("bench_{}", std::process::id()), limits.clone()).await.unwrap_or_else(|e| fail(&format!("mongo: {e}")));
+        let mongo = MongoStore::connect(
+            &uri,
+            &format!("bench_{}", std::process::id()),
+            limits.clone(),
+        )
+        .await
+        .unwrap_or_else(|e| fail(&format!("mongo: {e}")));
         let mongo = Arc::new(mongo);
         for bindings in [1, 64] {
-            rows.push(measure("mongo (FerretDB)", mongo.clone(), bindings, settings.duration).await);
+            rows.push(
+                measure(
+                    "mongo (FerretDB)",
+                    mongo.clone(),
+                    bindings,
+                    settings.duration,
+                )
+                .await,
+            );
         }
     });
     drop(ferret);
 
     println!();
-    println!("store bench ({}), commit round = 4 KiB pending write + head commit, every commit durable before acknowledged", if full { "full" } else { "smoke" });
+    println!(
+        "store bench ({}), commit round = 4 KiB pending write + head commit, every commit durable before acknowledged",
+        if full { "full" } else { "smoke" }
+    );
     println!("disk fsync (4 KiB write + fdatasync): p50 {fsync_p50:.2} ms, p99 {fsync_p99:.2} ms");
-    println!("{:<18} {:>8} {:>10} {:>12} {:>9} {:>9}", "backend", "bindings", "rounds", "rounds/s", "p50 ms", "p99 ms");
+    println!(
+        "{:<18} {:>8} {:>10} {:>12} {:>9} {:>9}",
+        "backend", "bindings", "rounds", "rounds/s", "p50 ms", "p99 ms"
+    );
     for r in &rows {
-        println!("{:<18} {:>8} {:>10} {:>12.0} {:>9.2} {:>9.2}", r.backend, r.bindings, r.rounds, r.rounds as f64 / r.seconds, r.p50_ms, r.p99_ms);
+        println!(
+            "{:<18} {:>8} {:>10} {:>12.0} {:>9.2} {:>9.2}",
+            r.backend,
+            r.bindings,
+            r.rounds,
+            r.rounds as f64 / r.seconds,
+            r.p50_ms,
+            r.p99_ms
+        );
     }
 
     let mut json = serde_json::Map::new();
@@ -88,15 +132,25 @@ fn main() {
     json.insert("fsync_p50_ms".into(), fsync_p50.into());
     json.insert("fsync_p99_ms".into(), fsync_p99.into());
     for r in &rows {
-        let prefix = format!("{}_{}", r.backend.split_whitespace().next().unwrap_or(r.backend), r.bindings);
-        json.insert(format!("{prefix}_rounds_per_s"), (r.rounds as f64 / r.seconds).into());
+        let prefix = format!(
+            "{}_{}",
+            r.backend.split_whitespace().next().unwrap_or(r.backend),
+            r.bindings
+        );
+        json.insert(
+            format!("{prefix}_rounds_per_s"),
+            (r.rounds as f64 / r.seconds).into(),
+        );
         json.insert(format!("{prefix}_p50_ms"), r.p50_ms.into());
         json.insert(format!("{prefix}_p99_ms"), r.p99_ms.into());
     }
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&out);
     let path = out.join("store.json");
-    match std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap_or_default()) {
+    match std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json).unwrap_or_default(),
+    ) {
         Ok(()) => println!("wrote {}", path.display()),
         Err(e) => fail(&format!("writing {}: {e}", path.display())),
     }
@@ -116,21 +170,34 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn fsync_latency(dir: &Path, samples: usize) -> (f64, f64) {
     let path = dir.join("fsync.probe");
-    let mut file = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(&path).unwrap_or_else(|e| fail(&format!("fsync probe: {e}")));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap_or_else(|e| fail(&format!("fsync probe: {e}")));
     let block = vec![0x5au8; 4096];
     let mut lat = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t = Instant::now();
-        file.write_all(&block).unwrap_or_else(|e| fail(&format!("fsync probe write: {e}")));
-        file.sync_data().unwrap_or_else(|e| fail(&format!("fsync probe sync: {e}")));
+        file.write_all(&block)
+            .unwrap_or_else(|e| fail(&format!("fsync probe write: {e}")));
+        file.sync_data()
+            .unwrap_or_else(|e| fail(&format!("fsync probe sync: {e}")));
         lat.push(t.elapsed().as_secs_f64() * 1e3);
     }
     lat.sort_by(f64::total_cmp);
     (percentile(&lat, 0.5), percentile(&lat, 0.99))
 }
 
-async fn measure<S: Store + 'static>(backend: &'static str, store: Arc<S>, bindings: usize, duration: Duration) -> Row {
-    let keyring = Keyring::new(b"bench-key-0123456789abcdef0123456789".to_vec(), "bench").unwrap_or_else(|e| fail(&e.to_string()));
+async fn measure<S: Store + 'static>(
+    backend: &'static str,
+    store: Arc<S>,
+    bindings: usize,
+    duration: Duration,
+) -> Row {
+    let keyring = Keyring::new(b"bench-key-0123456789abcdef0123456789".to_vec(), "bench")
+        .unwrap_or_else(|e| fail(&e.to_string()));
     let run_tag = format!("{backend}-{bindings}-{}", now_ms());
     let mut scopes = Vec::new();
     for i in 0..bindings {
@@ -146,7 +213,10 @@ async fn measure<S: Store + 'static>(backend: &'static str, store: Arc<S>, bindi
             lease_generation: 1,
             created_at_ms: now_ms(),
         };
-        store.ensure_binding(&record).await.unwrap_or_else(|e| fail(&format!("{backend}: ensure_binding: {e}")));
+        store
+            .ensure_binding(&record)
+            .await
+            .unwrap_or_else(|e| fail(&format!("{backend}: ensure_binding: {e}")));
         scopes.push(StateScope {
             binding_id: record.binding_id,
             environment: "bench".into(),
@@ -172,9 +242,22 @@ async fn measure<S: Store + 'static>(backend: &'static str, store: Arc<S>, bindi
                     let t = Instant::now();
                     let run = format!("run-{}", revision + 1);
                     let digest = keyring.idempotency_digest(&scope.binding_id, "state.write", &run);
-                    let pending = store.write_native_state(&scope, &body, &digest).await.unwrap_or_else(|e| fail(&format!("write: {e}")));
-                    let request = CommitRequest { state_id: pending.state_id, expected_revision: revision, run_id: run, terminal: None, interrupt: None };
-                    revision = store.commit_head(&scope, &request).await.unwrap_or_else(|e| fail(&format!("commit: {e}"))).revision;
+                    let pending = store
+                        .write_native_state(&scope, &body, &digest)
+                        .await
+                        .unwrap_or_else(|e| fail(&format!("write: {e}")));
+                    let request = CommitRequest {
+                        state_id: pending.state_id,
+                        expected_revision: revision,
+                        run_id: run,
+                        terminal: None,
+                        interrupt: None,
+                    };
+                    revision = store
+                        .commit_head(&scope, &request)
+                        .await
+                        .unwrap_or_else(|e| fail(&format!("commit: {e}")))
+                        .revision;
                     lat.push(t.elapsed().as_secs_f64() * 1e3);
                 }
                 lat
@@ -187,7 +270,14 @@ async fn measure<S: Store + 'static>(backend: &'static str, store: Arc<S>, bindi
     }
     let seconds = started.elapsed().as_secs_f64();
     all.sort_by(f64::total_cmp);
-    Row { backend, bindings, rounds: all.len() as u64, seconds, p50_ms: percentile(&all, 0.5), p99_ms: percentile(&all, 0.99) }
+    Row {
+        backend,
+        bindings,
+        rounds: all.len() as u64,
+        seconds,
+        p50_ms: percentile(&all, 0.5),
+        p99_ms: percentile(&all, 0.99),
+    }
 }
 
 /// A FerretDB of our own, on a free port and a scratch directory, stopped on drop.
@@ -237,7 +327,10 @@ impl Drop for FerretDb {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or_else(|e| fail(&format!("free port: {e}")))
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| fail(&format!("free port: {e}")))
 }
 
 /// The FerretDB built by `e2e/scripts/build.sh` (cached; builds on first use).
@@ -246,7 +339,11 @@ fn ferretdb_binary() -> PathBuf {
         return PathBuf::from(bin).join("ferretdb");
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/scripts/build.sh");
-    let out = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output().unwrap_or_else(|e| fail(&format!("{}: {e}", script.display())));
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", script.display())));
     if !out.status.success() {
         fail("e2e/scripts/build.sh failed");
     }

@@ -6,7 +6,9 @@
 //! - [`api`]: the custom resource types and condition helpers. No IO.
 //! - [`domain`]: pure rules (identities, scopes, fencing, limits, error codes). No IO.
 //! - [`store`]: the state store traits and their SQLite and MongoDB backends.
+//! - [`server`]: the data-plane HTTP API over the store traits.
 
 pub mod api;
 pub mod domain;
+pub mod server;
 pub mod store;

@@ -11,9 +11,17 @@ fn committed_crds_match_the_code() {
         let name = crds::file_name(&crd);
         let want = crds::to_yaml(&crd).expect("render");
         let path = dir.join(&name);
-        let have = std::fs::read_to_string(&path)
-            .unwrap_or_else(|_| panic!("{} is missing: run `make crds` and commit crds/", path.display()));
-        assert!(have == want, "{} is stale: run `make crds` and commit crds/", path.display());
+        let have = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: run `make crds` and commit crds/",
+                path.display()
+            )
+        });
+        assert!(
+            have == want,
+            "{} is stale: run `make crds` and commit crds/",
+            path.display()
+        );
         expected_files.push(name);
     }
     let mut present: Vec<String> = std::fs::read_dir(&dir)
@@ -24,5 +32,8 @@ fn committed_crds_match_the_code() {
         .collect();
     present.sort();
     expected_files.sort();
-    assert_eq!(present, expected_files, "crds/ holds a file no CRD type generates: run `make crds`");
+    assert_eq!(
+        present, expected_files,
+        "crds/ holds a file no CRD type generates: run `make crds`"
+    );
 }

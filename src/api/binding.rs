@@ -27,12 +27,35 @@ use serde::{Deserialize, Serialize};
     status = "HarnessBindingStatus",
     derive = "PartialEq",
     doc = "A conversation's binding to a sandboxed agent harness: identity and desired configuration in spec; sandbox lease (fencing generation) and durable thread-state projection in status.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Lifecycle", type_ = "string", json_path = ".status.lifecycle"),
-    printcolumn(name = "Lease", type_ = "integer", json_path = ".status.lease.generation", description = "Lease generation: the fencing token of the current worker"),
-    printcolumn(name = "Epoch", type_ = "integer", json_path = ".spec.epoch", description = "Conversation epoch: raised by one on every clear"),
-    printcolumn(name = "Revision", type_ = "integer", json_path = ".status.state.durableRevision", priority = "1"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Lease",
+        type_ = "integer",
+        json_path = ".status.lease.generation",
+        description = "Lease generation: the fencing token of the current worker"
+    ),
+    printcolumn(
+        name = "Epoch",
+        type_ = "integer",
+        json_path = ".spec.epoch",
+        description = "Conversation epoch: raised by one on every clear"
+    ),
+    printcolumn(
+        name = "Revision",
+        type_ = "integer",
+        json_path = ".status.state.durableRevision",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.agentId == oldSelf.agentId").message("agentId is immutable: create a new HarnessBinding for another agent"))]
@@ -43,11 +66,17 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("self.epoch != oldSelf.epoch || self.sandboxProfileRef.name == oldSelf.sandboxProfileRef.name").message("sandboxProfileRef is immutable within an epoch: clear the conversation (epoch + 1) to change profile"))]
 pub struct HarnessBindingSpec {
     /// The agent this conversation talks to (an existing agent id).
-    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?$")
+    )]
     pub agent_id: String,
 
     /// The conversation this binding serves (an existing conversation id).
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?$")
+    )]
     pub conversation_id: String,
 
     /// The conversation owner as a keyed digest (`hmac-sha256:` and 64 hex digits),
@@ -141,7 +170,10 @@ pub enum ConversationPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct LocalObjectReference {
     /// Name of the referenced object.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
 }
 

@@ -21,7 +21,12 @@ pub struct Desired<'a> {
 
 /// Sets `desired` in `conditions`. Returns whether anything a reader would notice changed.
 /// The transition time moves only when the status flips (or the condition is new).
-pub fn set(conditions: &mut Vec<Condition>, desired: Desired<'_>, observed_generation: Option<i64>, now: &Time) -> bool {
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    desired: Desired<'_>,
+    observed_generation: Option<i64>,
+    now: &Time,
+) -> bool {
     match conditions.iter_mut().find(|c| c.type_ == desired.type_) {
         Some(existing) => {
             let flipped = existing.status != desired.status;
@@ -72,7 +77,12 @@ mod tests {
     }
 
     fn desired(status: &'static str, reason: &'static str, message: &str) -> Desired<'static> {
-        Desired { type_: "Ready", status, reason, message: message.to_owned() }
+        Desired {
+            type_: "Ready",
+            status,
+            reason,
+            message: message.to_owned(),
+        }
     }
 
     #[test]
@@ -85,29 +95,102 @@ mod tests {
             want_time: i64,
         }
         let cases = [
-            Case { name: "identical", second: desired(UNKNOWN, "Pending", "waiting"), generation: Some(1), want_changed: false, want_time: 10 },
-            Case { name: "new reason", second: desired(UNKNOWN, "Claiming", "waiting"), generation: Some(1), want_changed: true, want_time: 10 },
-            Case { name: "new message", second: desired(UNKNOWN, "Pending", "still waiting"), generation: Some(1), want_changed: true, want_time: 10 },
-            Case { name: "new generation", second: desired(UNKNOWN, "Pending", "waiting"), generation: Some(2), want_changed: true, want_time: 10 },
-            Case { name: "flip", second: desired(TRUE, "Ready", "ready"), generation: Some(1), want_changed: true, want_time: 20 },
+            Case {
+                name: "identical",
+                second: desired(UNKNOWN, "Pending", "waiting"),
+                generation: Some(1),
+                want_changed: false,
+                want_time: 10,
+            },
+            Case {
+                name: "new reason",
+                second: desired(UNKNOWN, "Claiming", "waiting"),
+                generation: Some(1),
+                want_changed: true,
+                want_time: 10,
+            },
+            Case {
+                name: "new message",
+                second: desired(UNKNOWN, "Pending", "still waiting"),
+                generation: Some(1),
+                want_changed: true,
+                want_time: 10,
+            },
+            Case {
+                name: "new generation",
+                second: desired(UNKNOWN, "Pending", "waiting"),
+                generation: Some(2),
+                want_changed: true,
+                want_time: 10,
+            },
+            Case {
+                name: "flip",
+                second: desired(TRUE, "Ready", "ready"),
+                generation: Some(1),
+                want_changed: true,
+                want_time: 20,
+            },
         ];
         for case in cases {
             let mut conditions = Vec::new();
-            assert!(set(&mut conditions, desired(UNKNOWN, "Pending", "waiting"), Some(1), &at(10)), "{}: first set is a change", case.name);
-            let changed = set(&mut conditions, case.second.clone(), case.generation, &at(20));
+            assert!(
+                set(
+                    &mut conditions,
+                    desired(UNKNOWN, "Pending", "waiting"),
+                    Some(1),
+                    &at(10)
+                ),
+                "{}: first set is a change",
+                case.name
+            );
+            let changed = set(
+                &mut conditions,
+                case.second.clone(),
+                case.generation,
+                &at(20),
+            );
             assert_eq!(changed, case.want_changed, "{}", case.name);
             assert_eq!(conditions.len(), 1, "{}: one condition per type", case.name);
-            assert_eq!(conditions[0].last_transition_time, at(case.want_time), "{}", case.name);
+            assert_eq!(
+                conditions[0].last_transition_time,
+                at(case.want_time),
+                "{}",
+                case.name
+            );
             assert_eq!(conditions[0].reason, case.second.reason, "{}", case.name);
-            assert_eq!(conditions[0].observed_generation, case.generation, "{}", case.name);
+            assert_eq!(
+                conditions[0].observed_generation, case.generation,
+                "{}",
+                case.name
+            );
         }
     }
 
     #[test]
     fn types_are_kept_apart() {
         let mut conditions = Vec::new();
-        set(&mut conditions, Desired { type_: "Ready", status: FALSE, reason: "Claiming", message: "m".into() }, None, &at(1));
-        set(&mut conditions, Desired { type_: "SandboxReady", status: TRUE, reason: "ClaimReady", message: "m".into() }, None, &at(2));
+        set(
+            &mut conditions,
+            Desired {
+                type_: "Ready",
+                status: FALSE,
+                reason: "Claiming",
+                message: "m".into(),
+            },
+            None,
+            &at(1),
+        );
+        set(
+            &mut conditions,
+            Desired {
+                type_: "SandboxReady",
+                status: TRUE,
+                reason: "ClaimReady",
+                message: "m".into(),
+            },
+            None,
+            &at(2),
+        );
         assert!(!is_true(&conditions, "Ready"));
         assert!(is_true(&conditions, "SandboxReady"));
         assert!(get(&conditions, "StateDurable").is_none());

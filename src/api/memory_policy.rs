@@ -23,11 +23,23 @@ use serde::{Deserialize, Serialize};
     status = "MemoryPolicyStatus",
     derive = "PartialEq",
     doc = "Long-term memory policy for the agents it selects: read scopes, write scope and policy, kinds, retrieval, and retention.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
     printcolumn(name = "Enabled", type_ = "boolean", json_path = ".spec.enabled"),
     printcolumn(name = "Write Scope", type_ = "string", json_path = ".spec.writeScope"),
-    printcolumn(name = "Write Policy", type_ = "string", json_path = ".spec.writePolicy"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Write Policy",
+        type_ = "string",
+        json_path = ".spec.writePolicy"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.writeScope != 'organization'").message("writeScope cannot be organization: organization memory is written only by applications and administrators, never configured for agents"))]
@@ -72,7 +84,10 @@ pub struct MemoryPolicySpec {
 
     /// Stable id of a deployment-owned retention policy (never an arbitrary TTL).
     #[serde(default = "default_retention")]
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9_]*[a-z0-9])?$")
+    )]
     pub retention_policy: String,
 
     /// What a write with a stale expected revision does: `disabled` refuses it,

@@ -4,10 +4,15 @@
 //! This module performs no IO. The doc comments on the types below are user documentation:
 //! they become the CRD descriptions that `kubectl explain` prints.
 
+// kube's `printcolumn(...)` repeats `type_ = ...` once per column by design; clippy reads
+// that as a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 pub mod binding;
 pub mod conditions;
 pub mod crds;
+#[allow(clippy::duplicated_attributes)]
 pub mod memory_policy;
+#[allow(clippy::duplicated_attributes)]
 pub mod profile;
 mod schema;
 

@@ -26,10 +26,27 @@ use super::binding::HarnessId;
     status = "SandboxProfileStatus",
     derive = "PartialEq",
     doc = "Operator-owned profile for sandboxed harness workers: warm pool, allowed harnesses and worker images, limits, timeouts and lease rules.",
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Warm Pool", type_ = "string", json_path = ".spec.warmPoolRef.name"),
-    printcolumn(name = "Leases", type_ = "integer", json_path = ".status.activeLeases", description = "Active leases using this profile"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Warm Pool",
+        type_ = "string",
+        json_path = ".spec.warmPoolRef.name"
+    ),
+    printcolumn(
+        name = "Leases",
+        type_ = "integer",
+        json_path = ".status.activeLeases",
+        description = "Active leases using this profile"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("duration(self.timeouts.idleTTL) < duration(self.timeouts.maxLifetime)").message("timeouts.idleTTL must be shorter than timeouts.maxLifetime"))]
@@ -48,7 +65,10 @@ pub struct SandboxProfileSpec {
 
     /// Worker image digests (`sha256:` and 64 hex digits) a worker may run. A lease
     /// becomes Ready only when its pod reports one of these.
-    #[schemars(length(min = 1, max = 32), inner(regex(pattern = r"^sha256:[0-9a-f]{64}$")))]
+    #[schemars(
+        length(min = 1, max = 32),
+        inner(regex(pattern = r"^sha256:[0-9a-f]{64}$"))
+    )]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub allowed_worker_image_digests: Vec<String>,
 
@@ -85,7 +105,10 @@ pub struct SandboxProfileSpec {
 
     /// Name of the platform-defined egress policy class the template's network policy
     /// implements (for example `data-plane-only`).
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub egress_policy_class: String,
 
     /// What happens when a lease is idle for `timeouts.idleTTL`.

@@ -6,7 +6,8 @@ use schemars::{Schema, SchemaGenerator, json_schema};
 /// `conditions`: a list-map keyed by `type`, as the Kubernetes API conventions ask, so
 /// server-side apply merges one condition at a time.
 pub fn conditions(generator: &mut SchemaGenerator) -> Schema {
-    let item = generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
+    let item =
+        generator.subschema_for::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>();
     json_schema!({
         "type": "array",
         "description": "Conditions in the standard Kubernetes shape, one per type. `Ready` is the summary.",

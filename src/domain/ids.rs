@@ -33,7 +33,10 @@ pub struct Keyring {
 
 impl fmt::Debug for Keyring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Keyring").field("environment", &self.environment).field("key", &"<redacted>").finish()
+        f.debug_struct("Keyring")
+            .field("environment", &self.environment)
+            .field("key", &"<redacted>")
+            .finish()
     }
 }
 
@@ -45,11 +48,16 @@ impl Keyring {
         }
         let valid_env = !environment.is_empty()
             && environment.len() <= 63
-            && environment.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            && environment
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !valid_env {
             return Err(KeyError::BadEnvironment(environment.to_owned()));
         }
-        Ok(Keyring { key, environment: environment.to_owned() })
+        Ok(Keyring {
+            key,
+            environment: environment.to_owned(),
+        })
     }
 
     pub fn environment(&self) -> &str {
@@ -63,7 +71,10 @@ impl Keyring {
             // HMAC accepts keys of any length; this arm cannot be reached.
             Err(_) => unreachable!("HMAC-SHA256 accepts every key length"),
         };
-        for part in std::iter::once(domain.as_bytes()).chain(std::iter::once(self.environment.as_bytes())).chain(parts.iter().copied()) {
+        for part in std::iter::once(domain.as_bytes())
+            .chain(std::iter::once(self.environment.as_bytes()))
+            .chain(parts.iter().copied())
+        {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);
         }
@@ -73,24 +84,44 @@ impl Keyring {
     /// The binding id of a conversation: deterministic for (environment, subject, agent,
     /// conversation), opaque to anyone without the key.
     pub fn binding_id(&self, subject: &str, agent_id: &str, conversation_id: &str) -> BindingId {
-        let d = self.mac("binding/v1", &[subject.as_bytes(), agent_id.as_bytes(), conversation_id.as_bytes()]);
+        let d = self.mac(
+            "binding/v1",
+            &[
+                subject.as_bytes(),
+                agent_id.as_bytes(),
+                conversation_id.as_bytes(),
+            ],
+        );
         BindingId(format!("hb_{}", hex::encode(&d[..16])))
     }
 
     /// The subject reference stored in `HarnessBinding.spec.subjectRef`.
     pub fn subject_ref(&self, subject: &str) -> SubjectRef {
-        SubjectRef(format!("hmac-sha256:{}", hex::encode(self.mac("subject/v1", &[subject.as_bytes()]))))
+        SubjectRef(format!(
+            "hmac-sha256:{}",
+            hex::encode(self.mac("subject/v1", &[subject.as_bytes()]))
+        ))
     }
 
     /// The stored form of a client idempotency key, bound to the binding and operation
     /// so one key reused across bindings or operations never aliases.
-    pub fn idempotency_digest(&self, binding: &BindingId, operation: &str, key: &str) -> IdempotencyDigest {
-        IdempotencyDigest(hex::encode(self.mac("idempotency/v1", &[binding.0.as_bytes(), operation.as_bytes(), key.as_bytes()])))
+    pub fn idempotency_digest(
+        &self,
+        binding: &BindingId,
+        operation: &str,
+        key: &str,
+    ) -> IdempotencyDigest {
+        IdempotencyDigest(hex::encode(self.mac(
+            "idempotency/v1",
+            &[binding.0.as_bytes(), operation.as_bytes(), key.as_bytes()],
+        )))
     }
 }
 
 /// Opaque binding id: `hb_` and 32 hex digits.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct BindingId(String);
 
@@ -98,7 +129,11 @@ impl BindingId {
     /// Accepts only the shape `Keyring::binding_id` produces.
     pub fn parse(s: &str) -> Option<Self> {
         let hex_part = s.strip_prefix("hb_")?;
-        (hex_part.len() == 32 && hex_part.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))).then(|| BindingId(s.to_owned()))
+        (hex_part.len() == 32
+            && hex_part
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| BindingId(s.to_owned()))
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -123,7 +158,11 @@ impl SubjectRef {
     /// Accepts only the shape `Keyring::subject_ref` produces.
     pub fn parse(s: &str) -> Option<Self> {
         let hex_part = s.strip_prefix("hmac-sha256:")?;
-        (hex_part.len() == 64 && hex_part.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))).then(|| SubjectRef(s.to_owned()))
+        (hex_part.len() == 64
+            && hex_part
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| SubjectRef(s.to_owned()))
     }
 }
 
@@ -160,15 +199,32 @@ mod tests {
     fn binding_ids_are_deterministic_and_opaque() {
         let k = keyring("primary");
         let a = k.binding_id("user:alice@example.com", "agent-1", "conv-1");
-        assert_eq!(a, k.binding_id("user:alice@example.com", "agent-1", "conv-1"));
+        assert_eq!(
+            a,
+            k.binding_id("user:alice@example.com", "agent-1", "conv-1")
+        );
         assert!(BindingId::parse(a.as_str()).is_some());
         assert!(!a.as_str().contains("alice"));
-        let cases = [("user:bob", "agent-1", "conv-1"), ("user:alice@example.com", "agent-2", "conv-1"), ("user:alice@example.com", "agent-1", "conv-2")];
+        let cases = [
+            ("user:bob", "agent-1", "conv-1"),
+            ("user:alice@example.com", "agent-2", "conv-1"),
+            ("user:alice@example.com", "agent-1", "conv-2"),
+        ];
         for (s, ag, c) in cases {
             assert_ne!(a, k.binding_id(s, ag, c), "{s} {ag} {c}");
         }
-        assert_ne!(a, keyring("staging").binding_id("user:alice@example.com", "agent-1", "conv-1"), "environments never collide");
-        assert_ne!(a, Keyring::new(vec![8u8; 32], "primary").unwrap_or_else(|e| panic!("{e}")).binding_id("user:alice@example.com", "agent-1", "conv-1"), "another key, another id");
+        assert_ne!(
+            a,
+            keyring("staging").binding_id("user:alice@example.com", "agent-1", "conv-1"),
+            "environments never collide"
+        );
+        assert_ne!(
+            a,
+            Keyring::new(vec![8u8; 32], "primary")
+                .unwrap_or_else(|e| panic!("{e}"))
+                .binding_id("user:alice@example.com", "agent-1", "conv-1"),
+            "another key, another id"
+        );
     }
 
     #[test]
@@ -199,16 +255,35 @@ mod tests {
 
     #[test]
     fn weak_keys_and_bad_environments_are_refused() {
-        assert_eq!(Keyring::new(vec![1u8; 31], "primary").err(), Some(KeyError::TooShort(31)));
+        assert_eq!(
+            Keyring::new(vec![1u8; 31], "primary").err(),
+            Some(KeyError::TooShort(31))
+        );
         for env in ["", "Prod", "a b", "x".repeat(64).as_str()] {
-            assert!(matches!(Keyring::new(vec![1u8; 32], env), Err(KeyError::BadEnvironment(_))), "{env:?}");
+            assert!(
+                matches!(
+                    Keyring::new(vec![1u8; 32], env),
+                    Err(KeyError::BadEnvironment(_))
+                ),
+                "{env:?}"
+            );
         }
-        assert!(!format!("{:?}", keyring("primary")).contains("7, 7"), "Debug never prints the key");
+        assert!(
+            !format!("{:?}", keyring("primary")).contains("7, 7"),
+            "Debug never prints the key"
+        );
     }
 
     #[test]
     fn binding_id_parse_rejects_other_shapes() {
-        for s in ["", "hb_", "hb_XYZ", "hs_0123456789abcdef0123456789abcdef", "hb_0123456789ABCDEF0123456789abcdef", "hb_0123456789abcdef0123456789abcde"] {
+        for s in [
+            "",
+            "hb_",
+            "hb_XYZ",
+            "hs_0123456789abcdef0123456789abcdef",
+            "hb_0123456789ABCDEF0123456789abcdef",
+            "hb_0123456789abcdef0123456789abcde",
+        ] {
             assert!(BindingId::parse(s).is_none(), "{s:?}");
         }
     }

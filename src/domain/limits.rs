@@ -89,13 +89,17 @@ impl WriteRateLimiter {
     }
 
     fn acquire_at(&self, binding: &BindingId, now: Instant) -> Result<(), Duration> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(binding) {
             let full_after = Duration::from_secs_f64(self.burst / self.rate);
             buckets.retain(|_, (_, last)| now.duration_since(*last) < full_after);
         }
         let (tokens, last) = buckets.entry(binding.clone()).or_insert((self.burst, now));
-        let refilled = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(self.burst);
+        let refilled =
+            (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(self.burst);
         *last = now;
         if refilled >= 1.0 {
             *tokens = refilled - 1.0;
@@ -113,17 +117,34 @@ mod tests {
 
     #[test]
     fn burst_then_refill() {
-        let limits = Limits { writes_per_second: 10, write_burst: 3, ..Limits::default() };
+        let limits = Limits {
+            writes_per_second: 10,
+            write_burst: 3,
+            ..Limits::default()
+        };
         let limiter = WriteRateLimiter::new(&limits);
-        let b = BindingId::parse("hb_0123456789abcdef0123456789abcdef").unwrap_or_else(|| panic!("id"));
-        let other = BindingId::parse("hb_fedcba9876543210fedcba9876543210").unwrap_or_else(|| panic!("id"));
+        let b =
+            BindingId::parse("hb_0123456789abcdef0123456789abcdef").unwrap_or_else(|| panic!("id"));
+        let other =
+            BindingId::parse("hb_fedcba9876543210fedcba9876543210").unwrap_or_else(|| panic!("id"));
         let t0 = Instant::now();
         for i in 0..3 {
             assert!(limiter.acquire_at(&b, t0).is_ok(), "burst token {i}");
         }
         let wait = limiter.acquire_at(&b, t0).expect_err("burst exhausted");
-        assert!(wait <= Duration::from_millis(100) && wait > Duration::ZERO, "{wait:?}");
-        assert!(limiter.acquire_at(&other, t0).is_ok(), "another binding has its own bucket");
-        assert!(limiter.acquire_at(&b, t0 + Duration::from_millis(150)).is_ok(), "refilled after 1/rate");
+        assert!(
+            wait <= Duration::from_millis(100) && wait > Duration::ZERO,
+            "{wait:?}"
+        );
+        assert!(
+            limiter.acquire_at(&other, t0).is_ok(),
+            "another binding has its own bucket"
+        );
+        assert!(
+            limiter
+                .acquire_at(&b, t0 + Duration::from_millis(150))
+                .is_ok(),
+            "refilled after 1/rate"
+        );
     }
 }

@@ -47,10 +47,16 @@ impl Fence {
     /// the generation (a replaced worker).
     pub fn admit(&self, epoch: u64, lease_generation: u64) -> Result<(), Rejection> {
         if epoch != self.epoch {
-            return Err(Rejection::StaleEpoch { presented: epoch, current: self.epoch });
+            return Err(Rejection::StaleEpoch {
+                presented: epoch,
+                current: self.epoch,
+            });
         }
         if lease_generation != self.lease_generation {
-            return Err(Rejection::StaleLease { presented: lease_generation, current: self.lease_generation });
+            return Err(Rejection::StaleLease {
+                presented: lease_generation,
+                current: self.lease_generation,
+            });
         }
         Ok(())
     }
@@ -227,7 +233,11 @@ pub enum Rejection {
     #[error("{what}")]
     Conflict { what: String },
     #[error("{what} is {size} bytes; the limit is {limit}")]
-    TooLarge { what: &'static str, size: u64, limit: u64 },
+    TooLarge {
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
     #[error("{what}: limit of {limit} reached")]
     TooMany { what: &'static str, limit: u64 },
     #[error("write rate limit reached for this binding; retry in {retry_after_ms} ms")]
@@ -283,19 +293,35 @@ pub fn check_key(what: &'static str, key: &str, max_bytes: usize) -> Result<(), 
         return Err(Rejection::Invalid(format!("{what} must not be empty")));
     }
     if key.len() > max_bytes {
-        return Err(Rejection::TooLarge { what, size: key.len() as u64, limit: max_bytes as u64 });
+        return Err(Rejection::TooLarge {
+            what,
+            size: key.len() as u64,
+            limit: max_bytes as u64,
+        });
     }
     if key.chars().any(char::is_control) {
-        return Err(Rejection::Invalid(format!("{what} must not contain control characters")));
+        return Err(Rejection::Invalid(format!(
+            "{what} must not contain control characters"
+        )));
     }
     Ok(())
 }
 
 /// Checks a JSON document against a byte bound.
-pub fn check_json_size(what: &'static str, value: &serde_json::Value, limit: usize) -> Result<(), Rejection> {
-    let size = serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX);
+pub fn check_json_size(
+    what: &'static str,
+    value: &serde_json::Value,
+    limit: usize,
+) -> Result<(), Rejection> {
+    let size = serde_json::to_vec(value)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
     if size > limit {
-        return Err(Rejection::TooLarge { what, size: size as u64, limit: limit as u64 });
+        return Err(Rejection::TooLarge {
+            what,
+            size: size as u64,
+            limit: limit as u64,
+        });
     }
     Ok(())
 }
@@ -306,7 +332,10 @@ mod tests {
 
     #[test]
     fn fence_checks_epoch_before_generation() {
-        let fence = Fence { epoch: 2, lease_generation: 5 };
+        let fence = Fence {
+            epoch: 2,
+            lease_generation: 5,
+        };
         let cases = [
             ((2, 5), None),
             ((2, 4), Some("stale_lease")),
@@ -324,25 +353,73 @@ mod tests {
     #[test]
     fn codes_map_to_statuses() {
         let cases: [(Rejection, &str, u16); 8] = [
-            (Rejection::StaleLease { presented: 1, current: 2 }, "stale_lease", 409),
-            (Rejection::StaleEpoch { presented: 1, current: 2 }, "stale_epoch", 409),
-            (Rejection::RevisionConflict { expected: 1, actual: 2 }, "revision_conflict", 409),
+            (
+                Rejection::StaleLease {
+                    presented: 1,
+                    current: 2,
+                },
+                "stale_lease",
+                409,
+            ),
+            (
+                Rejection::StaleEpoch {
+                    presented: 1,
+                    current: 2,
+                },
+                "stale_epoch",
+                409,
+            ),
+            (
+                Rejection::RevisionConflict {
+                    expected: 1,
+                    actual: 2,
+                },
+                "revision_conflict",
+                409,
+            ),
             (Rejection::IdempotencyMismatch, "idempotency_mismatch", 409),
-            (Rejection::TooLarge { what: "x", size: 2, limit: 1 }, "too_large", 413),
-            (Rejection::RateLimited { retry_after_ms: 5 }, "rate_limited", 429),
+            (
+                Rejection::TooLarge {
+                    what: "x",
+                    size: 2,
+                    limit: 1,
+                },
+                "too_large",
+                413,
+            ),
+            (
+                Rejection::RateLimited { retry_after_ms: 5 },
+                "rate_limited",
+                429,
+            ),
             (Rejection::Invalid("bad".into()), "invalid", 422),
             (Rejection::Forbidden("no".into()), "forbidden_scope", 403),
         ];
         for (rejection, code, status) in cases {
-            assert_eq!((rejection.code(), rejection.http_status()), (code, status), "{rejection}");
+            assert_eq!(
+                (rejection.code(), rejection.http_status()),
+                (code, status),
+                "{rejection}"
+            );
         }
     }
 
     #[test]
     fn keys_are_bounded_and_printable() {
         assert!(check_key("object key", "checkpoints/abc", 16).is_ok());
-        assert_eq!(check_key("object key", "", 16).err().map(|r| r.code()), Some("invalid"));
-        assert_eq!(check_key("object key", &"k".repeat(17), 16).err().map(|r| r.code()), Some("too_large"));
-        assert_eq!(check_key("object key", "a\nb", 16).err().map(|r| r.code()), Some("invalid"));
+        assert_eq!(
+            check_key("object key", "", 16).err().map(|r| r.code()),
+            Some("invalid")
+        );
+        assert_eq!(
+            check_key("object key", &"k".repeat(17), 16)
+                .err()
+                .map(|r| r.code()),
+            Some("too_large")
+        );
+        assert_eq!(
+            check_key("object key", "a\nb", 16).err().map(|r| r.code()),
+            Some("invalid")
+        );
     }
 }

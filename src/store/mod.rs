@@ -30,12 +30,18 @@ pub enum StoreError {
     #[error(transparent)]
     Rejected(#[from] Rejection),
     #[error("{backend} store failed: {message}")]
-    Backend { backend: &'static str, message: String },
+    Backend {
+        backend: &'static str,
+        message: String,
+    },
 }
 
 impl StoreError {
     pub fn backend(backend: &'static str, err: impl std::fmt::Display) -> Self {
-        StoreError::Backend { backend, message: err.to_string() }
+        StoreError::Backend {
+            backend,
+            message: err.to_string(),
+        }
     }
     /// The rejection, if this is one.
     pub fn rejection(&self) -> Option<&Rejection> {
@@ -179,7 +185,8 @@ pub trait BindingStore: Send + Sync {
     /// Raises the fence to `(epoch, generation)` within the current epoch: monotonic
     /// (a lower generation is refused with `stale_lease`) and idempotent (equal is a
     /// no-op). Moving the epoch is `clear`'s job.
-    async fn raise_fence(&self, id: &BindingId, epoch: u64, lease_generation: u64) -> Result<Fence>;
+    async fn raise_fence(&self, id: &BindingId, epoch: u64, lease_generation: u64)
+    -> Result<Fence>;
     /// Moves the binding to `new_epoch` (current + 1), deleting the old epoch's pending
     /// state, heads, interrupts, objects and streams. Re-running with the current epoch
     /// finishes an interrupted clear. Memory is never touched.
@@ -195,7 +202,12 @@ pub trait ThreadStateStore: Send + Sync {
     async fn read_state(&self, scope: &StateScope, state_id: &str) -> Result<Option<Vec<u8>>>;
     /// Stores `payload` as pending, idempotently: the same key and payload return the
     /// same reference, the same key with another payload is `idempotency_mismatch`.
-    async fn write_native_state(&self, scope: &StateScope, payload: &[u8], idempotency: &IdempotencyDigest) -> Result<PendingStateRef>;
+    async fn write_native_state(
+        &self,
+        scope: &StateScope,
+        payload: &[u8],
+        idempotency: &IdempotencyDigest,
+    ) -> Result<PendingStateRef>;
     /// Compare-and-set of the durable head on `expected_revision`, checking epoch and
     /// lease generation in the same atomic step; records the run id, its terminal
     /// metadata and the pending interrupt in the same document. The store stamps the
@@ -204,7 +216,11 @@ pub trait ThreadStateStore: Send + Sync {
     /// uncertain cannot commit (`run_uncertain`). Retrying a commit that already
     /// succeeded (same state id and run id at `expected_revision + 1`) returns the head it
     /// produced instead of a conflict.
-    async fn commit_head(&self, scope: &StateScope, request: &CommitRequest) -> Result<DurableStateHead>;
+    async fn commit_head(
+        &self,
+        scope: &StateScope,
+        request: &CommitRequest,
+    ) -> Result<DurableStateHead>;
     /// Marks a run's durability uncertain: the previous head stays, and nothing commits
     /// under that run until `reconcile_run`.
     async fn mark_uncertain(&self, scope: &StateScope, run_id: &str, reason: &str) -> Result<()>;
@@ -217,15 +233,36 @@ pub trait ThreadStateStore: Send + Sync {
 /// Binding-scoped native objects and streams, the primitives the harness adapters use.
 #[async_trait]
 pub trait NativeStore: Send + Sync {
-    async fn put_object(&self, scope: &StateScope, key: &str, body: &[u8], mode: PutMode) -> Result<ObjectMeta>;
+    async fn put_object(
+        &self,
+        scope: &StateScope,
+        key: &str,
+        body: &[u8],
+        mode: PutMode,
+    ) -> Result<ObjectMeta>;
     async fn get_object(&self, scope: &StateScope, key: &str) -> Result<Option<StoredObject>>;
-    async fn list_objects(&self, scope: &StateScope, query: &ObjectQuery) -> Result<Vec<StoredObject>>;
+    async fn list_objects(
+        &self,
+        scope: &StateScope,
+        query: &ObjectQuery,
+    ) -> Result<Vec<StoredObject>>;
     /// Deletes every object whose key starts with `prefix`; returns how many.
     async fn delete_objects(&self, scope: &StateScope, prefix: &str) -> Result<u64>;
     /// Appends in order, skipping entries whose id the stream already holds.
-    async fn append(&self, scope: &StateScope, stream: &str, entries: &[NewEntry]) -> Result<AppendOutcome>;
+    async fn append(
+        &self,
+        scope: &StateScope,
+        stream: &str,
+        entries: &[NewEntry],
+    ) -> Result<AppendOutcome>;
     /// Entries with `seq > after_seq`, in order, at most `limit`.
-    async fn load_stream(&self, scope: &StateScope, stream: &str, after_seq: u64, limit: usize) -> Result<Vec<StoredEntry>>;
+    async fn load_stream(
+        &self,
+        scope: &StateScope,
+        stream: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEntry>>;
     /// Streams whose name starts with `prefix`.
     async fn list_streams(&self, scope: &StateScope, prefix: &str) -> Result<Vec<StreamMeta>>;
     /// Deletes the stream and its sub-streams (`stream/...`); returns entries deleted.
@@ -253,8 +290,14 @@ pub trait RetentionStore: Send + Sync {
 }
 
 /// Everything a backend provides.
-pub trait Store: BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore {}
-impl<T: BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore> Store for T {}
+pub trait Store:
+    BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore
+{
+}
+impl<T: BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore> Store
+    for T
+{
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {

@@ -55,7 +55,12 @@ fn parse_env(text: &str) -> HashMap<String, String> {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| l.strip_prefix("export ").unwrap_or(l).split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned()))
+        .map(|(k, v)| {
+            (
+                k.trim().to_owned(),
+                v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned(),
+            )
+        })
         .collect()
 }
 
@@ -91,19 +96,30 @@ pub fn repo_path(rel: &str) -> PathBuf {
 pub async fn install_our_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let dir = repo_path("crds");
-    let mut entries: Vec<_> = std::fs::read_dir(&dir).expect("crds/").flatten().map(|e| e.path()).collect();
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .expect("crds/")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     entries.sort();
     for path in entries {
         let text = std::fs::read_to_string(&path).expect("crd file");
         let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).expect("crd yaml");
         let name = crd.metadata.name.clone().expect("crd name");
-        api.patch(&name, &PatchParams::apply("harness-engine-tests").force(), &Patch::Apply(&crd))
-            .await
-            .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
-        tokio::time::timeout(Duration::from_secs(30), await_condition(api.clone(), &name, conditions::is_crd_established()))
-            .await
-            .unwrap_or_else(|_| panic!("{name} not established within 30s"))
-            .expect("watch");
+        api.patch(
+            &name,
+            &PatchParams::apply("harness-engine-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {}: {e}", path.display()));
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name} not established within 30s"))
+        .expect("watch");
     }
 }
 
@@ -119,8 +135,13 @@ impl TestNamespace {
         let api: Api<Namespace> = Api::all(client.clone());
         let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"harness-engine.dev/test": "true"}}}))
             .expect("namespace");
-        api.create(&PostParams::default(), &ns).await.expect("create namespace");
-        TestNamespace { name, client: client.clone() }
+        api.create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        TestNamespace {
+            name,
+            client: client.clone(),
+        }
     }
 }
 

@@ -51,18 +51,28 @@ pub async fn child<S: Store + ?Sized>(store: &S, mode: &str) -> ! {
     let record = record();
     store.ensure_binding(&record).await.expect("ensure binding");
     let scope = scope_of(&record, 0, 1);
-    let start = store.load_head(&scope).await.expect("load").map_or(0, |h| h.revision);
+    let start = store
+        .load_head(&scope)
+        .await
+        .expect("load")
+        .map_or(0, |h| h.revision);
     let mut turn = start + 1;
     loop {
         let run = format!("run-{turn}");
-        let pending = store.write_native_state(&scope, &body(turn), &key(&scope, &run)).await.expect("write");
+        let pending = store
+            .write_native_state(&scope, &body(turn), &key(&scope, &run))
+            .await
+            .expect("write");
         println!("PENDING {turn} {}", pending.state_id);
         if mode == "pause-after-pending" && turn == start + PAUSE_AFTER {
             loop {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             }
         }
-        store.commit_head(&scope, &commit(&pending.state_id, turn - 1, &run)).await.expect("commit");
+        store
+            .commit_head(&scope, &commit(&pending.state_id, turn - 1, &run))
+            .await
+            .expect("commit");
         println!("ACK {turn}");
         turn += 1;
     }
@@ -85,9 +95,14 @@ pub fn run_child_until(mut cmd: Command, stop: impl Fn(&Observed) -> bool) -> Ob
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
         let mut parts = line.split_whitespace();
-        match (parts.next(), parts.next().and_then(|n| n.parse::<u64>().ok())) {
+        match (
+            parts.next(),
+            parts.next().and_then(|n| n.parse::<u64>().ok()),
+        ) {
             (Some("ACK"), Some(n)) => observed.last_ack = n,
-            (Some("PENDING"), Some(n)) => observed.last_pending = parts.next().map(|id| (n, id.to_owned())),
+            (Some("PENDING"), Some(n)) => {
+                observed.last_pending = parts.next().map(|id| (n, id.to_owned()))
+            }
             _ => continue,
         }
         if stop(&observed) || Instant::now() > deadline {
@@ -105,27 +120,66 @@ pub async fn verify<S: Store + ?Sized>(store: &S, observed: &Observed, paused: b
     let scope = scope_of(&record, 0, 1);
     let head = store.load_head(&scope).await.expect("load after crash");
     let revision = head.as_ref().map_or(0, |h| h.revision);
-    assert!(revision >= observed.last_ack, "acknowledged commit lost: head {revision}, last ack {} ({observed:?})", observed.last_ack);
+    assert!(
+        revision >= observed.last_ack,
+        "acknowledged commit lost: head {revision}, last ack {} ({observed:?})",
+        observed.last_ack
+    );
     if let Some(head) = &head {
-        let stored = store.read_state(&scope, &head.state_id).await.expect("read head body");
-        assert_eq!(stored, Some(body(head.revision)), "the head is exactly the committed state of revision {}", head.revision);
+        let stored = store
+            .read_state(&scope, &head.state_id)
+            .await
+            .expect("read head body");
+        assert_eq!(
+            stored,
+            Some(body(head.revision)),
+            "the head is exactly the committed state of revision {}",
+            head.revision
+        );
         assert_eq!(head.run_id, format!("run-{}", head.revision));
     }
     if let Some((n, state_id)) = &observed.last_pending {
         if *n > revision {
-            let pending = store.read_state(&scope, state_id).await.expect("read pending");
-            assert_eq!(pending, Some(body(*n)), "an acknowledged pending entry survives the crash intact");
-            assert_ne!(head.as_ref().map(|h| h.state_id.as_str()), Some(state_id.as_str()), "a pending entry is never the head");
+            let pending = store
+                .read_state(&scope, state_id)
+                .await
+                .expect("read pending");
+            assert_eq!(
+                pending,
+                Some(body(*n)),
+                "an acknowledged pending entry survives the crash intact"
+            );
+            assert_ne!(
+                head.as_ref().map(|h| h.state_id.as_str()),
+                Some(state_id.as_str()),
+                "a pending entry is never the head"
+            );
         }
-        assert!(revision <= *n, "the head never runs ahead of what was written");
+        assert!(
+            revision <= *n,
+            "the head never runs ahead of what was written"
+        );
     }
     if paused {
-        let (n, _) = observed.last_pending.as_ref().expect("paused after a pending write");
-        assert_eq!(revision + 1, *n, "killed between pending write and commit: the previous head stands");
+        let (n, _) = observed
+            .last_pending
+            .as_ref()
+            .expect("paused after a pending write");
+        assert_eq!(
+            revision + 1,
+            *n,
+            "killed between pending write and commit: the previous head stands"
+        );
     }
     // The next turn commits on top of whatever survived (no manual repair needed).
     let run = format!("run-{}", revision + 1);
-    let p = store.write_native_state(&scope, &body(revision + 1), &key(&scope, &run)).await.expect("write after crash");
-    let next = store.commit_head(&scope, &commit(&p.state_id, revision, &run)).await.expect("commit after crash");
+    let p = store
+        .write_native_state(&scope, &body(revision + 1), &key(&scope, &run))
+        .await
+        .expect("write after crash");
+    let next = store
+        .commit_head(&scope, &commit(&p.state_id, revision, &run))
+        .await
+        .expect("commit after crash");
     next.revision
 }

@@ -1,0 +1,361 @@
+//! Request extractors whose every rejection is an [`ApiError`], so no plain-text axum
+//! rejection ever reaches a client. Header rules live here: `Authorization`,
+//! `Idempotency-Key`, `Harness-Epoch`, `Harness-Lease-Generation`, `Harness-Codec`,
+//! `Harness-Subject`, `If-Match` / `If-None-Match`.
+
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, FromRequestParts, Path, Query, Request},
+    http::{HeaderMap, header, request::Parts},
+};
+use serde::de::DeserializeOwned;
+
+use super::{
+    AppState,
+    auth::{AuthError, Caller, valid_subject},
+    error::{ApiError, ErrorCode},
+};
+use crate::{domain::ids::BindingId, store::PutMode};
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const EPOCH: &str = "harness-epoch";
+pub const LEASE_GENERATION: &str = "harness-lease-generation";
+pub const CODEC: &str = "harness-codec";
+pub const SUBJECT: &str = "harness-subject";
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Unauthenticated(m) => ApiError::unauthenticated(m),
+            AuthError::StaleLease(m) => ApiError::new(ErrorCode::StaleLease, m),
+            AuthError::Forbidden(m) => ApiError::forbidden(m),
+            AuthError::LeaseNotReady(m) => ApiError::new(ErrorCode::Conflict, m),
+            AuthError::Unavailable(m) => {
+                eprintln!("harness-engine: authentication backend unavailable: {m}");
+                let mut err = ApiError::new(
+                    ErrorCode::Unavailable,
+                    "authentication is unavailable; retry",
+                );
+                err.retry_after_s = Some(1);
+                err
+            }
+        }
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::invalid(format!("header {name} must be visible ASCII"))),
+    }
+}
+
+/// The authenticated caller (from `Authorization: Bearer <token>`).
+pub struct Authenticated(pub Caller);
+
+impl FromRequestParts<AppState> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let value = header_str(&parts.headers, header::AUTHORIZATION.as_str())
+            .map_err(|_| ApiError::unauthenticated("the Authorization header is malformed"))?
+            .ok_or_else(|| {
+                ApiError::unauthenticated("an Authorization: Bearer <token> header is required")
+            })?;
+        let token = match value.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
+            _ => {
+                return Err(ApiError::unauthenticated(
+                    "the Authorization header must use the Bearer scheme",
+                ));
+            }
+        };
+        let caller = state.auth().authenticate(token).await?;
+        Ok(Authenticated(caller))
+    }
+}
+
+/// A validated `Idempotency-Key`: 1 to 255 visible ASCII characters. Only its keyed
+/// digest goes further; the raw key is never stored or logged.
+pub struct IdempotencyKey(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let key = header_str(&parts.headers, IDEMPOTENCY_KEY)?.ok_or_else(|| {
+            ApiError::invalid("the Idempotency-Key header is required on every mutating call")
+        })?;
+        if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ApiError::invalid(
+                "Idempotency-Key must be 1 to 255 visible ASCII characters",
+            ));
+        }
+        Ok(IdempotencyKey(key.to_owned()))
+    }
+}
+
+fn parse_u64_header(
+    headers: &HeaderMap,
+    name: &str,
+    display: &str,
+) -> Result<Option<u64>, ApiError> {
+    match header_str(headers, name)? {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| ApiError::invalid(format!("{display} must be a non-negative integer"))),
+    }
+}
+
+/// The fence a worker call presents: `Harness-Epoch` and `Harness-Lease-Generation`,
+/// both required.
+pub struct WorkerFence {
+    pub epoch: u64,
+    pub lease_generation: u64,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for WorkerFence {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let epoch = parse_u64_header(&parts.headers, EPOCH, "Harness-Epoch")?.ok_or_else(|| {
+            ApiError::invalid("the Harness-Epoch header is required on worker calls")
+        })?;
+        let lease_generation =
+            parse_u64_header(&parts.headers, LEASE_GENERATION, "Harness-Lease-Generation")?
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "the Harness-Lease-Generation header is required on worker calls",
+                    )
+                })?;
+        Ok(WorkerFence {
+            epoch,
+            lease_generation,
+        })
+    }
+}
+
+/// An optional `Harness-Epoch` (control-plane calls on interrupts).
+pub struct OptionalEpoch(pub Option<u64>);
+
+impl<S: Send + Sync> FromRequestParts<S> for OptionalEpoch {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        Ok(OptionalEpoch(parse_u64_header(
+            &parts.headers,
+            EPOCH,
+            "Harness-Epoch",
+        )?))
+    }
+}
+
+/// `Harness-Codec`: the adapter codec and major version, e.g. `langgraph-checkpoint-v1`.
+pub struct Codec(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Codec {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match header_str(&parts.headers, CODEC)? {
+            None => Ok(Codec(None)),
+            Some(c) if valid_codec(c) => Ok(Codec(Some(c.to_owned()))),
+            Some(_) => Err(ApiError::invalid(
+                "Harness-Codec must be 1 to 64 of [a-z0-9._-]",
+            )),
+        }
+    }
+}
+
+pub fn valid_codec(c: &str) -> bool {
+    !c.is_empty()
+        && c.len() <= 64
+        && c.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        })
+}
+
+/// `Harness-Subject`: the end-user subject a control-plane caller acts for.
+pub struct SubjectHeader(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for SubjectHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match header_str(&parts.headers, SUBJECT)? {
+            None => Ok(SubjectHeader(None)),
+            Some(s) if valid_subject(s) => Ok(SubjectHeader(Some(s.to_owned()))),
+            Some(_) => Err(ApiError::invalid(
+                "Harness-Subject must be 1 to 256 printable characters",
+            )),
+        }
+    }
+}
+
+/// `If-None-Match: *` creates, `If-Match: "<version>"` replaces, neither upserts.
+pub struct PutPrecondition(pub PutMode);
+
+impl<S: Send + Sync> FromRequestParts<S> for PutPrecondition {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let if_none = header_str(&parts.headers, header::IF_NONE_MATCH.as_str())?;
+        let if_match = header_str(&parts.headers, header::IF_MATCH.as_str())?;
+        match (if_none, if_match) {
+            (Some(_), Some(_)) => Err(ApiError::invalid(
+                "send either If-None-Match or If-Match, not both",
+            )),
+            (Some(v), None) if v.trim() == "*" => Ok(PutPrecondition(PutMode::Create)),
+            (Some(_), None) => Err(ApiError::invalid("If-None-Match supports only *")),
+            (None, Some(v)) => {
+                let v = v.trim();
+                let v = v.strip_prefix("W/").unwrap_or(v);
+                let version = v
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        ApiError::invalid("If-Match must be a quoted object version, e.g. \"3\"")
+                    })?;
+                Ok(PutPrecondition(PutMode::Replace {
+                    expected_version: version,
+                }))
+            }
+            (None, None) => Ok(PutPrecondition(PutMode::Upsert)),
+        }
+    }
+}
+
+/// The `{binding_id}` path segment. A malformed id names nothing, so it is `not_found`.
+pub struct BindingPath(pub BindingId);
+
+impl<S: Send + Sync> FromRequestParts<S> for BindingPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::not_found("binding"))?;
+        let raw = params
+            .iter()
+            .find(|(k, _)| k == "binding_id")
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default();
+        BindingId::parse(raw)
+            .map(BindingPath)
+            .ok_or_else(|| ApiError::not_found("binding"))
+    }
+}
+
+/// The `{state_id}` path segment.
+pub struct StateIdPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for StateIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::not_found("state"))?;
+        let raw = params
+            .into_iter()
+            .find(|(k, _)| k == "state_id")
+            .map(|(_, v)| v)
+            .unwrap_or_default();
+        if raw.is_empty()
+            || raw.len() > 128
+            || !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(ApiError::not_found("state"));
+        }
+        Ok(StateIdPath(raw))
+    }
+}
+
+/// A query string, with rejections as `invalid`.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(v)| ApiQuery(v))
+            .map_err(|e| ApiError::invalid(format!("bad query string: {}", e.body_text())))
+    }
+}
+
+fn content_type(req: &Request) -> Option<String> {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+}
+
+async fn read_body(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    let limit = state.config().max_body_bytes;
+    axum::body::to_bytes(req.into_body(), limit)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::TooLarge,
+                format!("the request body exceeds {limit} bytes (or could not be read)"),
+            )
+            .with_details(serde_json::json!({"what": "request body", "limit": limit}))
+        })
+}
+
+/// A JSON body (`application/json`), bounded by the server's body limit.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        match content_type(&req).as_deref() {
+            Some("application/json") => {}
+            Some(ct) if ct.starts_with("application/") && ct.ends_with("+json") => {}
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::UnsupportedMediaType,
+                    "the request body must be application/json",
+                ));
+            }
+        }
+        let bytes = read_body(req, state).await?;
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
+    }
+}
+
+/// An opaque body (`application/octet-stream`), bounded by the server's body limit;
+/// the store enforces the exact per-kind limits.
+pub struct OpaqueBody(pub Bytes);
+
+impl FromRequest<AppState> for OpaqueBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        if content_type(&req).as_deref() != Some("application/octet-stream") {
+            return Err(ApiError::new(
+                ErrorCode::UnsupportedMediaType,
+                "the request body must be application/octet-stream",
+            ));
+        }
+        read_body(req, state).await.map(OpaqueBody)
+    }
+}

@@ -1,0 +1,171 @@
+//! The data-plane HTTP API (axum), DESIGN §6.
+//!
+//! - [`routes`]: the `/v1` handlers; [`dto`]: their bodies; [`openapi`]: the document.
+//! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
+//!   scope that caller may touch.
+//! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
+//!   [`middleware`]: deadline, metrics, trace context, JSON safety net.
+//! - [`admin`]: `/live`, `/ready`, `/metrics` on their own port.
+//! - [`local`]: `serve` mode's data directory, identity key and token file.
+//!
+//! The server holds the store only as `Arc<dyn Store>` and never reaches past its
+//! traits: the store's fence, not the server, has the last word on epoch and lease.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    http::{HeaderValue, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::{domain::ids::Keyring, domain::limits::Limits, store::Store};
+
+pub mod admin;
+pub mod auth;
+pub mod authz;
+pub mod dto;
+pub mod error;
+pub mod extract;
+pub mod local;
+pub mod middleware;
+pub mod openapi;
+pub mod routes;
+
+/// Request bodies may exceed the largest payload by this much (headers of a multipart
+/// future, JSON framing of a commit): small, so a body limit still means what it says.
+pub const BODY_SLACK_BYTES: usize = 64 << 10;
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub limits: Limits,
+    /// Deadline of one request, end to end (504 `timeout` when passed).
+    pub request_timeout: Duration,
+    /// Largest request body accepted (413 `too_large` above).
+    pub max_body_bytes: usize,
+}
+
+impl ServerConfig {
+    pub fn new(limits: Limits) -> Self {
+        let max_body_bytes = limits.max_state_bytes.max(limits.max_object_bytes) + BODY_SLACK_BYTES;
+        ServerConfig {
+            limits,
+            request_timeout: Duration::from_secs(10),
+            max_body_bytes,
+        }
+    }
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    keyring: Keyring,
+    auth: Arc<dyn auth::Authenticator>,
+    config: ServerConfig,
+    metrics: admin::Metrics,
+    bindings: authz::BindingCache,
+    openapi_json: String,
+}
+
+/// What every handler reads: the store, the keyring, the authenticator, the settings.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+impl AppState {
+    pub fn new(
+        store: Arc<dyn Store>,
+        keyring: Keyring,
+        auth: Arc<dyn auth::Authenticator>,
+        config: ServerConfig,
+    ) -> Self {
+        let openapi_json = openapi::to_json(&openapi::document());
+        AppState(Arc::new(Inner {
+            store,
+            keyring,
+            auth,
+            config,
+            metrics: admin::Metrics::default(),
+            bindings: authz::BindingCache::default(),
+            openapi_json,
+        }))
+    }
+    pub fn store(&self) -> &dyn Store {
+        self.0.store.as_ref()
+    }
+    pub fn keyring(&self) -> &Keyring {
+        &self.0.keyring
+    }
+    pub fn auth(&self) -> &dyn auth::Authenticator {
+        self.0.auth.as_ref()
+    }
+    pub fn config(&self) -> &ServerConfig {
+        &self.0.config
+    }
+    pub fn metrics(&self) -> &admin::Metrics {
+        &self.0.metrics
+    }
+    pub fn bindings(&self) -> &authz::BindingCache {
+        &self.0.bindings
+    }
+}
+
+/// The API router: `/v1/...` and `/openapi.json`, with every request-wide layer.
+pub fn app(state: AppState) -> Router {
+    let (router, _) = routes::router().split_for_parts();
+    router
+        .route("/openapi.json", get(serve_openapi))
+        .fallback(middleware::no_route)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::deadline,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::track,
+        ))
+        .layer(axum::middleware::from_fn(middleware::trace_context))
+        .layer(axum::middleware::from_fn(middleware::json_errors))
+        .layer(CatchPanicLayer::custom(middleware::panic_response))
+        .with_state(state)
+}
+
+async fn serve_openapi(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let mut response = state.0.openapi_json.clone().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Serves the API on `api` and the admin endpoints on `admin` until `shutdown`
+/// resolves, then drains in-flight requests.
+pub async fn serve(
+    state: AppState,
+    api: TcpListener,
+    admin: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        // A closed channel also means stop.
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let api_server =
+        axum::serve(api, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
+    let admin_server =
+        axum::serve(admin, admin::router(state)).with_graceful_shutdown(wait(stop_rx));
+    let trigger = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let (api_result, admin_result, ()) = tokio::join!(
+        api_server.into_future(),
+        admin_server.into_future(),
+        trigger
+    );
+    api_result.and(admin_result)
+}

@@ -1,1 +1,0 @@
-//! MongoDB backend (work in progress).

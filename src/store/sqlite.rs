@@ -1,1 +1,0 @@
-//! Embedded SQLite backend (work in progress).

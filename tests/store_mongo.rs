@@ -1,0 +1,299 @@
+//! The store conformance suite against the MongoDB backend, one fresh database per case,
+//! on the FerretDB of the local control plane (`make test` starts it and sets
+//! `HARNESS_E2E_MONGODB_URI`); plus what only this backend has: states that a crash or a
+//! failover leaves between its single-document steps (a lost committed flag, a half-done
+//! retention delete, a drifted counter), recreated here by editing documents directly.
+
+mod store_conformance;
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use harness_engine::store::{
+    BindingStore, NativeStore, PutMode, RetentionPolicy, RetentionStore, ThreadStateStore,
+    mongo::MongoStore,
+};
+use mongodb::{
+    Client,
+    bson::{DateTime, Document, doc},
+};
+
+/// The MongoDB URI: `HARNESS_E2E_MONGODB_URI`, or the one in the env file that
+/// `e2e/scripts/up.sh` writes (named by `HARNESS_E2E_ENV`).
+fn mongo_uri() -> String {
+    if let Ok(uri) = std::env::var("HARNESS_E2E_MONGODB_URI")
+        && !uri.is_empty()
+    {
+        return uri;
+    }
+    if let Ok(env_file) = std::env::var("HARNESS_E2E_ENV") {
+        let text = std::fs::read_to_string(&env_file)
+            .unwrap_or_else(|e| panic!("reading {env_file}: {e}"));
+        let uri = text
+            .lines()
+            .map(str::trim)
+            .filter_map(|l| l.strip_prefix("export ").unwrap_or(l).split_once('='))
+            .find(|(k, _)| k.trim() == "HARNESS_E2E_MONGODB_URI")
+            .map(|(_, v)| v.trim().trim_matches(|c| c == '"' || c == '\'').to_owned());
+        return uri.unwrap_or_else(|| panic!("{env_file} has no HARNESS_E2E_MONGODB_URI"));
+    }
+    panic!(
+        "these tests need a MongoDB endpoint: run them through `make test` (which starts the local control plane \
+         with FerretDB), or `make e2e-up` and then `HARNESS_E2E_ENV=target/e2e/env cargo test --test store_mongo`"
+    )
+}
+
+/// A database name unique per test and process (MongoDB allows 63 characters).
+fn database_name(case: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut name = format!(
+        "hm_{}_{nanos:x}_{}_{case}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    name.truncate(63);
+    name
+}
+
+/// Drops the test database when the test ends, also when it panics (a panicking test
+/// never reaches its async cleanup, and `Drop` cannot await, so it drops on a thread
+/// with its own runtime).
+struct Scratch {
+    uri: String,
+    database: String,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let (uri, database) = (self.uri.clone(), self.database.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let client = Client::with_uri_str(&uri)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                client
+                    .database(&database)
+                    .drop()
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) && !std::thread::panicking() {
+            panic!("dropping test database {}: {dropped:?}", self.database);
+        }
+    }
+}
+
+async fn open(case: &str) -> (MongoStore, Scratch) {
+    let scratch = Scratch {
+        uri: mongo_uri(),
+        database: database_name(case),
+    };
+    let store = MongoStore::connect(&scratch.uri, &scratch.database, store_conformance::limits())
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", scratch.uri));
+    (store, scratch)
+}
+
+async fn close(store: MongoStore, scratch: Scratch) {
+    drop(store);
+    drop(scratch);
+}
+
+crate::conformance_tests!(open, close);
+
+/// Direct access to the test database, to put documents in the states a crash leaves.
+async fn raw(scratch: &Scratch) -> mongodb::Database {
+    Client::with_uri_str(&scratch.uri)
+        .await
+        .expect("client")
+        .database(&scratch.database)
+}
+
+/// The head's committed flag is a second write after the commit; if it is lost (crash,
+/// failover), the state looks pending and old. A sweep must keep it (it is the head)
+/// and repair the flag, and the pending bound must not count it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_committed_flag_never_loses_the_head() {
+    let (store, scratch) = open("lost_flag").await;
+    let (_, scope) = store_conformance::new_binding(&store, "lost-flag").await;
+    store_conformance::turn(&store, &scope, b"the-head", 0, "run-1").await;
+    let head = store.load_head(&scope).await.expect("load").expect("head");
+
+    let states = raw(&scratch)
+        .await
+        .collection::<Document>("harness_session_state");
+    let old = DateTime::from_millis(1);
+    let reverted = states
+        .update_one(
+            doc! { "kind": "state", "key": &head.state_id },
+            doc! { "$set": { "pending_of": format!("{}:0", scope.binding_id), "pending_since": old, "touched_at": old } },
+        )
+        .await
+        .expect("revert the flag");
+    assert_eq!(reverted.matched_count, 1);
+
+    let policy = RetentionPolicy {
+        id: "short".into(),
+        pending_ttl_ms: 1,
+        conversation_ttl_ms: None,
+    };
+    let report = store
+        .sweep(&policy, harness_engine::store::now_ms())
+        .await
+        .expect("sweep");
+    assert_eq!(report.pending_states_deleted, 0, "{report:?}");
+    assert_eq!(
+        store
+            .read_state(&scope, &head.state_id)
+            .await
+            .expect("read"),
+        Some(b"the-head".to_vec()),
+        "the head's body survives"
+    );
+    let repaired = states
+        .find_one(doc! { "kind": "state", "key": &head.state_id })
+        .await
+        .expect("find")
+        .expect("state");
+    assert!(
+        !repaired.contains_key("pending_of"),
+        "the sweep repaired the flag: {repaired:?}"
+    );
+    close(store, scratch).await;
+}
+
+/// A sweep that died after marking a binding retiring: the binding is gone for every
+/// caller, and creating the conversation again finishes the deletion and starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_retention_delete_is_finished_by_the_next_creation() {
+    let (store, scratch) = open("retiring").await;
+    let (record, scope) = store_conformance::new_binding(&store, "retiring").await;
+    store_conformance::turn(&store, &scope, b"old-life", 0, "run-1").await;
+    store
+        .put_object(&scope, "k", b"v", PutMode::Create)
+        .await
+        .expect("object");
+
+    let db = raw(&scratch).await;
+    db.collection::<Document>("harness_sessions")
+        .update_one(
+            doc! { "_id": record.binding_id.as_str() },
+            doc! { "$set": { "retiring": true } },
+        )
+        .await
+        .expect("mark retiring");
+    assert!(
+        store
+            .get_binding(&record.binding_id)
+            .await
+            .expect("get")
+            .is_none(),
+        "a retiring binding is gone"
+    );
+    assert_eq!(
+        store_conformance::code(store.load_head(&scope).await),
+        "not_found"
+    );
+    assert_eq!(
+        store_conformance::code(store.put_object(&scope, "k2", b"v", PutMode::Create).await),
+        "not_found"
+    );
+
+    let (again, created) = store.ensure_binding(&record).await.expect("ensure");
+    assert!(created, "the conversation starts afresh");
+    assert_eq!(again, record);
+    assert!(
+        store.load_head(&scope).await.expect("load").is_none(),
+        "no head survives from the old life"
+    );
+    assert!(
+        store.get_object(&scope, "k").await.expect("get").is_none(),
+        "no object survives from the old life"
+    );
+    let left = db
+        .collection::<Document>("harness_session_state")
+        .count_documents(doc! {})
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "every state document of the old life is gone");
+    close(store, scratch).await;
+}
+
+/// Counters that a crash left too high (a reservation never released) are recounted at
+/// the limit instead of refusing writes forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drifted_counters_heal_at_the_limit() {
+    let (store, scratch) = open("drift").await;
+    let (record, scope) = store_conformance::new_binding(&store, "drift").await;
+    let limits = store_conformance::limits();
+    let max_objects = i64::try_from(limits.max_objects).expect("limit");
+    let max_pending = i64::try_from(limits.max_pending_entries).expect("limit");
+    raw(&scratch)
+        .await
+        .collection::<Document>("harness_sessions")
+        .update_one(
+            doc! { "_id": record.binding_id.as_str() },
+            doc! { "$set": { "counts.objects": max_objects, "counts.pending": max_pending } },
+        )
+        .await
+        .expect("inflate the counters");
+    store
+        .put_object(&scope, "k", b"v", PutMode::Create)
+        .await
+        .expect("a drifted object counter is recounted");
+    store
+        .write_native_state(&scope, b"s", &store_conformance::key(&scope, "s"))
+        .await
+        .expect("a drifted pending counter is recounted");
+    close(store, scratch).await;
+}
+
+/// Connecting again (another replica of the engine) finds its indexes in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_twice_keeps_the_named_indexes() {
+    let (store, scratch) = open("indexes").await;
+    let again = MongoStore::connect(&scratch.uri, &scratch.database, store_conformance::limits())
+        .await
+        .expect("second connect");
+    let db = raw(&scratch).await;
+    let mut names = db
+        .collection::<Document>("harness_session_state")
+        .list_index_names()
+        .await
+        .expect("list");
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "_id_",
+            "binding_epoch_kind_name_key_unique",
+            "binding_epoch_kind_name_seq",
+            "pending_of",
+            "pending_since"
+        ]
+    );
+    let sessions = db
+        .collection::<Document>("harness_sessions")
+        .list_index_names()
+        .await
+        .expect("list");
+    assert!(
+        sessions
+            .iter()
+            .any(|n| n == "environment_owner_agent_conversation_epoch_unique"),
+        "{sessions:?}"
+    );
+    drop(again);
+    close(store, scratch).await;
+}
