@@ -11,7 +11,9 @@
 //!   else scans the whole collection. So the document is read by `_id`, the filter is
 //!   evaluated here ([`matches`]), and the write names only the `_id`.
 
-use std::cmp::Ordering;
+use std::{cmp::Ordering, collections::HashMap, future::IntoFuture};
+
+use futures::{TryStreamExt, future::try_join_all};
 
 use mongodb::{
     Collection,
@@ -95,6 +97,48 @@ impl MongoStore {
             write = write.projection(projection);
         }
         write.await.ctx(context)
+    }
+
+    /// The documents with these string ids that exist, by id. One `$in` query on
+    /// MongoDB; on FerretDB, which serves only an exact `_id` filter from its index and
+    /// scans the collection for an `$in`, one point read per id.
+    pub(super) async fn find_by_ids(
+        &self,
+        collection: &Collection<Document>,
+        ids: &[impl AsRef<str>],
+        projection: Document,
+    ) -> Result<HashMap<String, Document>> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let found: Vec<Document> = if self.ferretdb {
+            let reads = ids.iter().map(|id| {
+                collection
+                    .find_one(doc! { "_id": id.as_ref() })
+                    .projection(projection.clone())
+                    .into_future()
+            });
+            try_join_all(reads)
+                .await
+                .ctx("reading documents by id")?
+                .into_iter()
+                .flatten()
+                .collect()
+        } else {
+            let ids: Vec<&str> = ids.iter().map(AsRef::as_ref).collect();
+            collection
+                .find(doc! { "_id": { "$in": ids } })
+                .projection(projection)
+                .await
+                .ctx("reading documents by id")?
+                .try_collect()
+                .await
+                .ctx("reading documents by id")?
+        };
+        Ok(found
+            .into_iter()
+            .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d)))
+            .collect())
     }
 
     /// Deletes the document `filter` selects (by `_id`) if it matches the whole filter.

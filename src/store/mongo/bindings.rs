@@ -61,15 +61,16 @@ use crate::{
 /// would double their cost.
 const ACTIVITY_GRANULARITY_MS: i64 = 60_000;
 
-/// Per-epoch counters in the binding document (`counts.*`). Each is reserved with one
-/// conditional `$inc` before the document it counts is created (the reservation is also
-/// the write's fence check), and released when the creation turns out not to happen.
-/// A crash between reservation and release leaves the counter too high, never too low;
-/// a counter at its limit is recounted exactly before anything is refused, so drift
-/// heals itself and costs a count only at the limit.
+/// Per-epoch counters of objects and streams in the binding document (`counts.*`).
+/// Each is reserved with one conditional `$inc` before the document it counts is created
+/// (the reservation is also the write's fence check), and released when the creation
+/// turns out not to happen. A crash between reservation and release leaves the counter
+/// too high, never too low; a counter at its limit is recounted exactly before anything
+/// is refused, so drift heals itself and costs a count only at the limit. (Pending
+/// states are counted exactly instead, see `state`: `counts.pending` moves with the
+/// `pending` registry in the same updates.)
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Counter {
-    Pending,
     Objects,
     Streams,
 }
@@ -77,14 +78,12 @@ pub(super) enum Counter {
 impl Counter {
     fn field(self) -> &'static str {
         match self {
-            Counter::Pending => "counts.pending",
             Counter::Objects => "counts.objects",
             Counter::Streams => "counts.streams",
         }
     }
     pub(super) fn what(self) -> &'static str {
         match self {
-            Counter::Pending => "pending state entries",
             Counter::Objects => "objects",
             Counter::Streams => "streams",
         }
@@ -116,6 +115,7 @@ fn fresh_epoch_fields(epoch: i64) -> Document {
         "uncertain_runs": {},
         "uncertain_count": 0_i64,
         "recent_resumes": [],
+        "pending": {},
         "counts": { "pending": 0_i64, "objects": 0_i64, "streams": 0_i64 },
     }
 }
@@ -254,11 +254,11 @@ impl MongoStore {
             if reserved.is_some() {
                 return Ok(());
             }
-            let view = self.admit(scope).await?;
+            self.admit(scope).await?;
             if recounted {
                 return Err(too_many());
             }
-            let exact = self.recount(scope, counter, &view).await?;
+            let exact = self.recount(scope, counter).await?;
             recounted = true;
             // Concurrent reservations between the count and this set are overwritten:
             // the counter can end a few units low, and only while writers race at the
@@ -298,30 +298,14 @@ impl MongoStore {
             .await;
     }
 
-    async fn recount(&self, scope: &StateScope, counter: Counter, view: &FenceView) -> Result<i64> {
+    async fn recount(&self, scope: &StateScope, counter: Counter) -> Result<i64> {
         let binding = &scope.binding_id;
         let epoch = int("epoch", scope.epoch)?;
-        let filter = match counter {
-            Counter::Pending => {
-                // The head's committed flag may not be set yet (it is a separate write),
-                // so the head is excluded by id.
-                let head = view
-                    .state_ref
-                    .as_ref()
-                    .and_then(|r| r.durable_head.as_deref())
-                    .unwrap_or("");
-                doc! {
-                    "pending_of": super::layout::pending_of(binding, epoch),
-                    "_id": { "$ne": super::layout::state_doc_id(binding, epoch, head) },
-                }
-            }
-            Counter::Objects => {
-                doc! { "binding_id": binding.as_str(), "epoch": epoch, "kind": KIND_OBJECT }
-            }
-            Counter::Streams => {
-                doc! { "binding_id": binding.as_str(), "epoch": epoch, "kind": KIND_STREAM }
-            }
+        let kind = match counter {
+            Counter::Objects => KIND_OBJECT,
+            Counter::Streams => KIND_STREAM,
         };
+        let filter = doc! { "binding_id": binding.as_str(), "epoch": epoch, "kind": kind };
         let n = self
             .state
             .count_documents(filter)

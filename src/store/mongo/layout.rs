@@ -4,8 +4,9 @@
 //! Three collections:
 //! - `harness_sessions`: one document per binding (`_id` = binding id). It holds the
 //!   fence, the durable head (`state_ref`), the terminal metadata of the committing run,
-//!   the pending interrupt, uncertain runs, recent resume outcomes and per-epoch
-//!   counters, so every compare-and-set the protocol needs is a single-document update.
+//!   the pending interrupt, uncertain runs, recent resume outcomes, the registry of
+//!   pending (uncommitted) states and per-epoch counters, so every compare-and-set the
+//!   protocol needs is a single-document update.
 //! - `harness_session_state`: everything bulky, one document per pending/committed
 //!   state, native object, stream head and stream entry, discriminated by `kind` and
 //!   always carrying `binding_id` and `epoch`. Ids are deterministic (see [`state_doc_id`]
@@ -49,7 +50,6 @@ pub(super) const IDX_SESSIONS_IDENTITY: &str = "environment_owner_agent_conversa
 pub(super) const IDX_SESSIONS_ACTIVITY: &str = "last_activity_at";
 pub(super) const IDX_STATE_IDENTITY: &str = "binding_epoch_kind_name_key_unique";
 pub(super) const IDX_STATE_SEQ: &str = "binding_epoch_kind_name_seq";
-pub(super) const IDX_STATE_PENDING_OF: &str = "pending_of";
 pub(super) const IDX_STATE_PENDING_SINCE: &str = "pending_since";
 pub(super) const IDX_AUDIT_AT: &str = "at_desc";
 
@@ -86,12 +86,6 @@ pub(super) fn entry_doc_id(
         prefix(binding, epoch),
         stream.len()
     )
-}
-
-/// `pending_of` value of an uncommitted state: one indexed equality counts the pending
-/// entries of a binding epoch.
-pub(super) fn pending_of(binding: &BindingId, epoch: i64) -> String {
-    format!("{}:{epoch}", binding.as_str())
 }
 
 /// Field name under `uncertain_runs` for a run. Run ids are caller-chosen and may contain
@@ -143,19 +137,11 @@ pub(super) struct FenceView {
     pub retiring: Option<bool>,
     #[serde(default)]
     pub last_activity_at: Option<DateTime>,
-    #[serde(default)]
-    pub state_ref: Option<HeadRefView>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub(super) struct HeadRefView {
-    #[serde(default)]
-    pub durable_head: Option<String>,
 }
 
 /// Projection for [`FenceView`].
 pub(super) fn fence_projection() -> Document {
-    doc! { "epoch": 1, "lease_generation": 1, "retiring": 1, "last_activity_at": 1, "state_ref.durable_head": 1 }
+    doc! { "epoch": 1, "lease_generation": 1, "retiring": 1, "last_activity_at": 1 }
 }
 
 /// A whole binding document (or a projection of it: every field but the fence defaults).
@@ -189,8 +175,21 @@ pub(super) struct SessionView {
     pub uncertain_count: i64,
     #[serde(default)]
     pub recent_resumes: Vec<ResumeView>,
+    /// Uncommitted states of the epoch: state id -> registration time.
+    #[serde(default)]
+    pub pending: BTreeMap<String, DateTime>,
+    #[serde(default)]
+    pub counts: CountsView,
     #[serde(default)]
     pub created_at: Option<DateTime>,
+}
+
+/// `counts`: per-epoch counters (see `bindings::Counter`; `pending` is exact, it moves
+/// with the `pending` map in the same updates).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct CountsView {
+    #[serde(default)]
+    pub pending: i64,
 }
 
 impl SessionView {
@@ -269,12 +268,10 @@ pub(super) struct StateView {
     pub codec: String,
     pub size: i64,
     pub content_digest: String,
-    #[serde(default)]
-    pub pending_of: Option<String>,
 }
 
 pub(super) fn state_meta_projection() -> Document {
-    doc! { "idempotency": 1, "codec": 1, "size": 1, "content_digest": 1, "pending_of": 1 }
+    doc! { "idempotency": 1, "codec": 1, "size": 1, "content_digest": 1 }
 }
 
 /// A native object document; `body` only when projected.

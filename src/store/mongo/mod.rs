@@ -239,12 +239,6 @@ impl MongoStore {
                 false,
             ),
             index(
-                doc! { "pending_of": 1 },
-                layout::IDX_STATE_PENDING_OF,
-                false,
-                true,
-            ),
-            index(
                 doc! { "pending_since": 1 },
                 layout::IDX_STATE_PENDING_SINCE,
                 false,

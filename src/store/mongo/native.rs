@@ -2,14 +2,11 @@
 //! harness adapters build on. Writes follow the side-document fence protocol described
 //! in [`super::bindings`]: check, write tagged with a `write_id`, re-check, undo.
 
-use std::{
-    collections::{HashMap, HashSet},
-    future::IntoFuture,
-};
+use std::collections::{HashMap, HashSet};
 
 use futures::{
     TryStreamExt,
-    future::{join, join_all, try_join, try_join_all, try_join3},
+    future::{join, join_all, try_join, try_join3},
 };
 use mongodb::bson::{Binary, Document, doc, oid::ObjectId, spec::BinarySubtype};
 
@@ -663,38 +660,12 @@ impl MongoStore {
         if ids.is_empty() {
             return Ok(HashMap::new());
         }
-        let projection = doc! { "_id": 1, "write_id": 1 };
-        let found: Vec<Document> = if self.ferretdb {
-            // FerretDB serves only an exact `_id` filter from its index, an `$in` scans the
-            // collection: one point read per id is far cheaper.
-            let reads = ids.iter().map(|id| {
-                self.state
-                    .find_one(doc! { "_id": *id })
-                    .projection(projection.clone())
-                    .into_future()
-            });
-            try_join_all(reads)
-                .await
-                .ctx("looking up stream entries")?
-                .into_iter()
-                .flatten()
-                .collect()
-        } else {
-            self.state
-                .find(doc! { "_id": { "$in": ids } })
-                .projection(projection)
-                .await
-                .ctx("looking up stream entries")?
-                .try_collect()
-                .await
-                .ctx("looking up stream entries")?
-        };
+        let found = self
+            .find_by_ids(&self.state, ids, doc! { "_id": 1, "write_id": 1 })
+            .await?;
         Ok(found
             .into_iter()
-            .filter_map(|d| {
-                let id = d.get_str("_id").ok()?.to_owned();
-                Some((id, d.get_object_id("write_id").ok()))
-            })
+            .map(|(id, d)| (id, d.get_object_id("write_id").ok()))
             .collect())
     }
 

@@ -1,12 +1,13 @@
 //! Retention: the application sweeper (no TTL indexes) and its audit trail.
 //!
 //! A sweep deletes, per a deployment-owned policy:
-//! - pending states older than the pending TTL that no head names. A state is a
-//!   candidate while it carries `pending_since` (cleared when it is committed) and was
-//!   not touched within the TTL (every commit attempt touches its state before the head
-//!   compare-and-set, so a sweep can never delete a state a commit is about to name; see
-//!   `state::commit_head_impl`). A candidate that is its binding's current head (its
-//!   committed flag was lost) is repaired instead of deleted.
+//! - states still pending (registered in their binding's `pending` registry) after the
+//!   pending TTL. A state is first unregistered, with a conditional update of the
+//!   binding document, and only then deleted; a commit's compare-and-set requires the
+//!   registration, so exactly one of "committed" and "swept" happens, and a head never
+//!   names a deleted state. Candidates come from the sparse `pending_since` index; a
+//!   committed candidate just leaves it (its `pending_since` is removed), so each state
+//!   is examined by at most one sweep after its commit.
 //! - bindings without write activity for the conversation TTL, with all their state. A
 //!   binding is first marked `retiring` with a conditional update (only if still
 //!   inactive), which removes it from every caller's view and fails every fence check;
@@ -14,14 +15,14 @@
 //!   dies in between leaves a retiring binding that the next sweep (it is still
 //!   inactive) or an `ensure_binding` of the same conversation finishes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document, doc};
 
 use super::{
     MongoContext, MongoStore, corrupt,
-    layout::{AuditView, decode, dt, state_doc_id},
+    layout::{AuditView, SessionView, decode, dt},
 };
 use crate::{
     domain::{ids::BindingId, state::Rejection},
@@ -30,6 +31,13 @@ use crate::{
 
 /// Documents a sweep examines per round trip.
 const SWEEP_BATCH: i64 = 500;
+
+/// A state document the pending sweep examines.
+struct Candidate {
+    id: String,
+    epoch: i64,
+    state_id: String,
+}
 
 impl MongoStore {
     pub(super) async fn write_audit(
@@ -112,137 +120,110 @@ impl MongoStore {
         Ok(report)
     }
 
-    /// Deletes uncommitted states older than `cutoff` that no head names.
+    /// Deletes states that were still pending when `cutoff` passed; settles the others.
     async fn sweep_pending(&self, cutoff: i64) -> Result<u64> {
-        let stale =
-            doc! { "pending_since": { "$lt": dt(cutoff) }, "touched_at": { "$lt": dt(cutoff) } };
+        let old = doc! { "pending_since": { "$lt": dt(cutoff) } };
         let mut deleted = 0;
         loop {
             let candidates: Vec<Document> = self
                 .state
-                .find(stale.clone())
+                .find(old.clone())
                 .limit(SWEEP_BATCH)
-                .projection(doc! { "_id": 1, "binding_id": 1, "epoch": 1 })
+                .projection(doc! { "_id": 1, "binding_id": 1, "epoch": 1, "key": 1 })
                 .await
-                .ctx("finding stale pending states")?
+                .ctx("finding old pending states")?
                 .try_collect()
                 .await
-                .ctx("finding stale pending states")?;
+                .ctx("finding old pending states")?;
             if candidates.is_empty() {
                 return Ok(deleted);
             }
-            let bindings: HashSet<&str> = candidates
-                .iter()
-                .filter_map(|c| c.get_str("binding_id").ok())
-                .collect();
-            let bindings: Vec<&str> = bindings.into_iter().collect();
-            // The current head of each binding: its state is never deleted, whatever its
-            // flag says. Missing and retiring bindings protect nothing.
-            let heads: HashMap<String, String> = self
-                .sessions
-                .find(doc! { "_id": { "$in": &bindings }, "retiring": { "$exists": false } })
-                .projection(doc! { "epoch": 1, "state_ref.durable_head": 1 })
-                .await
-                .ctx("reading heads for a sweep")?
-                .try_collect::<Vec<Document>>()
-                .await
-                .ctx("reading heads for a sweep")?
-                .into_iter()
-                .filter_map(|s| {
-                    let id = BindingId::parse(s.get_str("_id").ok()?)?;
-                    let epoch = s.get_i64("epoch").ok()?;
-                    let head = s
-                        .get_document("state_ref")
-                        .ok()?
-                        .get_str("durable_head")
-                        .ok()?;
-                    Some((id.as_str().to_owned(), state_doc_id(&id, epoch, head)))
-                })
-                .collect();
-            // Grouped by binding, so that where updates are serialized in-process
-            // (FerretDB) each binding's share runs under its lock.
-            let mut groups: HashMap<&str, (Vec<Bson>, Vec<Bson>)> = HashMap::new();
+            let mut groups: HashMap<String, Vec<Candidate>> = HashMap::new();
             for candidate in &candidates {
-                let Some(id) = candidate.get("_id").cloned() else {
-                    continue;
+                let (Ok(id), Ok(binding), Ok(epoch), Ok(state_id)) = (
+                    candidate.get_str("_id"),
+                    candidate.get_str("binding_id"),
+                    candidate.get_i64("epoch"),
+                    candidate.get_str("key"),
+                ) else {
+                    return Err(corrupt("native state", format!("{candidate:?}")));
                 };
-                let binding = candidate.get_str("binding_id").unwrap_or("");
-                let is_head = heads
-                    .get(binding)
-                    .is_some_and(|head| Some(head.as_str()) == id.as_str());
-                let (repair, doomed) = groups.entry(binding).or_default();
-                if is_head {
-                    repair.push(id)
-                } else {
-                    doomed.push(id)
+                groups
+                    .entry(binding.to_owned())
+                    .or_default()
+                    .push(Candidate {
+                        id: id.to_owned(),
+                        epoch,
+                        state_id: state_id.to_owned(),
+                    });
+            }
+            let bindings: Vec<&String> = groups.keys().collect();
+            let sessions = self
+                .find_by_ids(
+                    &self.sessions,
+                    &bindings,
+                    doc! { "_id": 1, "epoch": 1, "lease_generation": 1, "retiring": 1, "pending": 1 },
+                )
+                .await?;
+            let mut doomed = Vec::new();
+            let mut settled = Vec::new();
+            for (binding, group) in &groups {
+                let parsed = BindingId::parse(binding);
+                let _serial = match &parsed {
+                    Some(id) => self.exclusive(id).await,
+                    None => None,
+                };
+                let session = match sessions.get(binding) {
+                    Some(found) => Some(decode::<SessionView>("binding", found.clone())?),
+                    None => None,
+                };
+                for candidate in group {
+                    let live = session
+                        .as_ref()
+                        .filter(|s| !s.is_retiring() && s.epoch == candidate.epoch);
+                    match (live, &parsed) {
+                        (Some(session), Some(id))
+                            if session.pending.contains_key(&candidate.state_id) =>
+                        {
+                            // Unregistered first: from then on no commit can name it.
+                            if self
+                                .unregister_pending(id, candidate.epoch, &candidate.state_id)
+                                .await?
+                            {
+                                doomed.push(candidate.id.clone());
+                            } else {
+                                settled.push(candidate.id.clone()); // committed meanwhile
+                            }
+                        }
+                        // Committed: it stays; it only leaves the pending index.
+                        (Some(_), Some(_)) => settled.push(candidate.id.clone()),
+                        // Its binding or epoch is gone: nothing can name it.
+                        _ => doomed.push(candidate.id.clone()),
+                    }
                 }
             }
-            let mut progressed = false;
-            if self.serial.is_some() {
-                for (binding, (repair, doomed)) in groups {
-                    let _serial = match BindingId::parse(binding) {
-                        Some(id) => self.exclusive(&id).await,
-                        None => None,
-                    };
-                    let (n, moved) = self.sweep_apply(&stale, repair, doomed).await?;
-                    deleted += n;
-                    progressed |= moved;
-                }
-            } else {
-                let (repair, doomed) = groups.into_values().fold(
-                    (Vec::new(), Vec::new()),
-                    |(mut r, mut d), (gr, gd)| {
-                        r.extend(gr);
-                        d.extend(gd);
-                        (r, d)
-                    },
-                );
-                let (n, moved) = self.sweep_apply(&stale, repair, doomed).await?;
-                deleted += n;
-                progressed = moved;
+            if !doomed.is_empty() {
+                let gone = self
+                    .state
+                    .delete_many(doc! { "_id": { "$in": &doomed } })
+                    .await
+                    .ctx("deleting old pending states")?;
+                deleted += gone.deleted_count;
             }
-            if !progressed || i64::try_from(candidates.len()).unwrap_or(i64::MAX) < SWEEP_BATCH {
+            if !settled.is_empty() {
+                self.state
+                    .update_many(
+                        doc! { "_id": { "$in": &settled } },
+                        doc! { "$unset": { "pending_since": "" } },
+                    )
+                    .await
+                    .ctx("settling committed states")?;
+            }
+            // Every candidate was deleted or left the index: the next listing is new.
+            if i64::try_from(candidates.len()).unwrap_or(i64::MAX) < SWEEP_BATCH {
                 return Ok(deleted);
             }
         }
-    }
-
-    /// Repairs the committed flag of candidates that are heads and deletes the others
-    /// (still only if stale); returns how many were deleted and whether anything moved.
-    async fn sweep_apply(
-        &self,
-        stale: &Document,
-        repair: Vec<Bson>,
-        doomed: Vec<Bson>,
-    ) -> Result<(u64, bool)> {
-        let mut progressed = false;
-        if !repair.is_empty() {
-            let repaired = self
-                .state
-                .update_many(
-                    doc! { "_id": { "$in": repair } },
-                    doc! { "$unset": { "pending_of": "", "pending_since": "" } },
-                )
-                .await
-                .ctx("repairing committed flags")?;
-            progressed |= repaired.modified_count > 0;
-        }
-        let mut deleted = 0;
-        if !doomed.is_empty() {
-            // The staleness test is repeated in the delete: a commit that touched a
-            // candidate since it was listed keeps it (and it drops out of the next
-            // listing by itself).
-            let mut filter = stale.clone();
-            filter.insert("_id", doc! { "$in": doomed });
-            deleted = self
-                .state
-                .delete_many(filter)
-                .await
-                .ctx("deleting stale pending states")?
-                .deleted_count;
-            progressed = true;
-        }
-        Ok((deleted, progressed))
     }
 
     /// Deletes bindings inactive since before `cutoff`, with all their state.

@@ -2,24 +2,27 @@
 //! native state, the durable head, uncertain runs, and pending interrupts
 //! (`spec/001_78d7ff78f70a2a2a.txt` §4, §6).
 
+use std::collections::BTreeMap;
+
 use futures::future::{join, try_join};
-use mongodb::bson::{Binary, Bson, Document, doc, oid::ObjectId, spec::BinarySubtype};
+use mongodb::bson::{Binary, Bson, DateTime, Document, doc, oid::ObjectId, spec::BinarySubtype};
+use serde::Deserialize;
 
 use super::{
     CAS_ATTEMPTS, MongoContext, MongoStore,
     atomic::UpdateIf,
     backend,
-    bindings::{Counter, fence_filter, stored_fence},
+    bindings::{fence_filter, stored_fence},
     corrupt, count, int, is_duplicate_key,
     layout::{
-        InterruptView, KIND_STATE, SessionView, StateView, decode, dt, pending_of, state_doc_id,
+        InterruptView, KIND_STATE, SessionView, StateView, UncertainView, decode, dt, state_doc_id,
         state_meta_projection, uncertain_key,
     },
     not_found_binding, uint,
 };
 use crate::{
     domain::{
-        ids::{IdempotencyDigest, content_digest},
+        ids::{BindingId, IdempotencyDigest, content_digest},
         state::{
             CommitRequest, Durability, DurableStateHead, PendingInterrupt, PendingStateRef,
             Rejection, ResumeOutcome, ResumeRequest, RunOutcome, RunTerminal, StateScope,
@@ -36,6 +39,10 @@ const MAX_REASON_BYTES: usize = 256;
 /// binding document, which must stay bounded; hundreds of unreconciled ambiguous runs
 /// mean the binding needs an operator, not more marks.
 const MAX_UNCERTAIN_RUNS: i64 = 256;
+
+/// How old a pending registration without its state must be before a writer at the
+/// pending bound may drop it (an insert follows its registration within a round trip).
+const REGISTRATION_GRACE_MS: i64 = 60_000;
 
 /// Resume outcomes kept in the binding document for duplicate detection. Interrupts
 /// are resumed one at a time, so a duplicate arrives within the last few.
@@ -90,9 +97,22 @@ fn interrupt_doc(interrupt: &PendingInterrupt) -> Result<Document> {
     })
 }
 
-fn uncertain_of(view: &SessionView) -> Vec<UncertainRun> {
-    let mut runs: Vec<UncertainRun> = view
-        .uncertain_runs
+/// Whether a pending-state registration was made by this call.
+enum Registration {
+    New,
+    /// Registered earlier (a concurrent or retried attempt under the same key).
+    AlreadyPending,
+}
+
+/// The previous image a commit asks for.
+#[derive(Deserialize)]
+struct UncertainOnly {
+    #[serde(default)]
+    uncertain_runs: BTreeMap<String, UncertainView>,
+}
+
+fn uncertain_of(uncertain: &BTreeMap<String, UncertainView>) -> Vec<UncertainRun> {
+    let mut runs: Vec<UncertainRun> = uncertain
         .values()
         .map(|u| UncertainRun {
             run_id: u.run_id.clone(),
@@ -106,7 +126,7 @@ fn uncertain_of(view: &SessionView) -> Vec<UncertainRun> {
 
 /// The head a binding document holds; `None` while nothing is committed (revision 0).
 fn head_of(scope: &StateScope, view: SessionView) -> Result<Option<DurableStateHead>> {
-    let uncertain_runs = uncertain_of(&view);
+    let uncertain_runs = uncertain_of(&view.uncertain_runs);
     let Some(state_ref) = view.state_ref else {
         return Ok(None);
     };
@@ -296,8 +316,8 @@ impl MongoStore {
             Err(Rejection::IdempotencyMismatch.into())
         };
 
-        // The lookup of a previous attempt and the reservation of an entry (which is also
-        // the fence check) run in parallel; a retry hands its reservation back.
+        // The lookup of a previous attempt and the registration of the new entry (which
+        // is also the fence check) run in parallel.
         let lookup = async {
             self.state
                 .find_one(doc! { "_id": &doc_id })
@@ -305,28 +325,25 @@ impl MongoStore {
                 .await
                 .ctx("looking up the idempotency key")
         };
-        let reserve = self.reserve(
-            scope,
-            Counter::Pending,
-            1,
-            self.limits.max_pending_entries,
-            now,
-        );
-        let (existing, reserved) = join(lookup, reserve).await;
+        let (existing, registered) =
+            join(lookup, self.register_pending(scope, &state_id, now)).await;
         let existing = existing?;
-        match (existing, reserved) {
+        match (existing, registered) {
             (_, Err(e)) if !matches!(e.rejection(), Some(Rejection::TooMany { .. })) => {
                 return Err(e);
             }
             // A retry is not a new entry, so it succeeds even at the limit.
-            (Some(found), reserved) => {
-                if reserved.is_ok() {
-                    self.release(scope, Counter::Pending, 1).await;
+            (Some(found), registered) => {
+                if matches!(registered, Ok(Registration::New)) {
+                    // The state exists but was no longer pending (committed, or swept
+                    // halfway): this registration must not make it pending again.
+                    self.unregister_pending(binding, epoch, &state_id).await?;
                 }
                 return settle(found);
             }
             (None, Err(too_many)) => return Err(too_many),
-            (None, Ok(())) => {}
+            // Registered now, or by an earlier attempt that may still be inserting.
+            (None, Ok(_)) => {}
         }
 
         let new_doc = doc! {
@@ -341,11 +358,9 @@ impl MongoStore {
             "size": int("size", size)?,
             "content_digest": &digest,
             "created_at": dt(now),
-            // Retention: `pending_since` (sparse-indexed) marks an uncommitted state,
-            // `touched_at` is refreshed by every commit attempt (see `commit_head_impl`).
+            // Sparse-indexed: where the retention sweep looks for old pending states. It
+            // stays after a commit until a sweep sees the state is no longer pending.
             "pending_since": dt(now),
-            "touched_at": dt(now),
-            "pending_of": pending_of(binding, epoch),
             "lease_generation": int("lease generation", scope.lease_generation)?,
             "write_id": ObjectId::new(),
             "body": Binary { subtype: BinarySubtype::Generic, bytes: payload.to_vec() },
@@ -354,7 +369,6 @@ impl MongoStore {
             Ok(_) => {}
             Err(e) if is_duplicate_key(&e) => {
                 // A concurrent attempt under the same key won the insert.
-                self.release(scope, Counter::Pending, 1).await;
                 let found = self
                     .state
                     .find_one(doc! { "_id": &doc_id })
@@ -369,12 +383,144 @@ impl MongoStore {
                     })?;
                 return settle(found);
             }
-            // The outcome is unknown: the reservation stays (a high counter is safe).
+            // The outcome is unknown; the registration stays (the sweep clears a
+            // registration whose state never arrived).
             Err(e) => return Err(backend("storing native state", &e)),
         }
         // Not undone on a moved fence: see `bindings` ("Pending states are never undone").
         self.confirm(scope).await?;
         Ok(reference)
+    }
+
+    /// Registers a pending state in the binding document, atomically with the fence check
+    /// and the bound on pending entries.
+    async fn register_pending(
+        &self,
+        scope: &StateScope,
+        state_id: &str,
+        now: i64,
+    ) -> Result<Registration> {
+        let limit = self.limits.max_pending_entries;
+        let too_many = || -> StoreError {
+            Rejection::TooMany {
+                what: "pending state entries",
+                limit,
+            }
+            .into()
+        };
+        let room = int("limit", limit.checked_sub(1).ok_or_else(too_many)?)?;
+        let entry = format!("pending.{state_id}");
+        let mut healed = false;
+        for _ in 0..CAS_ATTEMPTS {
+            let mut filter = fence_filter(scope)?;
+            filter.insert(&entry, doc! { "$exists": false });
+            filter.insert("counts.pending", doc! { "$lte": room });
+            let update = doc! {
+                "$set": { &entry: dt(now) },
+                "$inc": { "counts.pending": 1_i64 },
+                "$max": { "last_activity_at": dt(now) },
+            };
+            if self
+                .update_if(
+                    &self.sessions,
+                    filter,
+                    update,
+                    Self::matched_only(),
+                    "registering a pending state",
+                )
+                .await?
+                .is_some()
+            {
+                return Ok(Registration::New);
+            }
+            let projection = doc! { "epoch": 1, "lease_generation": 1, "retiring": 1, "pending": 1, "counts": 1 };
+            let view = self.admitted_session(scope, projection, false).await?;
+            if view.pending.contains_key(state_id) {
+                return Ok(Registration::AlreadyPending);
+            }
+            let registered = i64::try_from(view.pending.len()).unwrap_or(i64::MAX);
+            if view.counts.pending != registered {
+                // The counter moves with the registry in every update; a mismatch is a
+                // document from elsewhere (an older build, a manual edit): trust the registry.
+                self.update_if(
+                    &self.sessions,
+                    doc! { "_id": scope.binding_id.as_str(), "epoch": view.epoch, "counts.pending": view.counts.pending },
+                    doc! { "$set": { "counts.pending": registered } },
+                    Self::matched_only(),
+                    "repairing the pending counter",
+                )
+                .await?;
+                continue;
+            }
+            if registered > room {
+                if healed || !self.heal_registrations(scope, &view.pending, now).await? {
+                    return Err(too_many());
+                }
+                healed = true;
+            }
+        }
+        Err(StoreError::backend(
+            super::BACKEND,
+            "the binding kept changing while registering a state; retry",
+        ))
+    }
+
+    /// Removes a registration (if still there): what a sweep does before deleting a
+    /// state, so that no commit can name it any more.
+    pub(super) async fn unregister_pending(
+        &self,
+        binding: &BindingId,
+        epoch: i64,
+        state_id: &str,
+    ) -> Result<bool> {
+        let entry = format!("pending.{state_id}");
+        let removed = self
+            .update_if(
+                &self.sessions,
+                doc! { "_id": binding.as_str(), "epoch": epoch, &entry: { "$exists": true } },
+                doc! { "$unset": { &entry: "" }, "$inc": { "counts.pending": -1_i64 } },
+                Self::matched_only(),
+                "unregistering a pending state",
+            )
+            .await?;
+        Ok(removed.is_some())
+    }
+
+    /// At the pending bound: drops registrations whose state never arrived (the writer
+    /// died between registering and inserting). Only registrations older than
+    /// [`REGISTRATION_GRACE_MS`] qualify, so an insert in flight keeps its own. Returns
+    /// whether any was dropped.
+    async fn heal_registrations(
+        &self,
+        scope: &StateScope,
+        pending: &BTreeMap<String, DateTime>,
+        now: i64,
+    ) -> Result<bool> {
+        let epoch = int("epoch", scope.epoch)?;
+        let old: Vec<&String> = pending
+            .iter()
+            .filter(|(_, at)| at.timestamp_millis() < now.saturating_sub(REGISTRATION_GRACE_MS))
+            .map(|(id, _)| id)
+            .collect();
+        if old.is_empty() {
+            return Ok(false);
+        }
+        let ids: Vec<String> = old
+            .iter()
+            .map(|id| state_doc_id(&scope.binding_id, epoch, id))
+            .collect();
+        let present = self
+            .find_by_ids(&self.state, &ids, doc! { "_id": 1 })
+            .await?;
+        let mut healed = false;
+        for (state_id, doc_id) in old.iter().zip(&ids) {
+            if !present.contains_key(doc_id) {
+                healed |= self
+                    .unregister_pending(&scope.binding_id, epoch, state_id)
+                    .await?;
+            }
+        }
+        Ok(healed)
     }
 
     pub(super) async fn commit_head_impl(
@@ -434,36 +580,16 @@ impl MongoStore {
         };
         let binding = &scope.binding_id;
         let epoch = int("epoch", scope.epoch)?;
-        let state_doc = state_doc_id(binding, epoch, &request.state_id);
 
         // 1. Only a state of this binding and epoch can become its head (a cleared
-        // epoch's state never can: its id carries the old epoch). Touching it, rather
-        // than just reading it, protects it from the retention sweep, which deletes a
-        // pending state only if it was not touched within the pending TTL: a sweep that
-        // comes after this touch leaves it alone, one that came before makes this miss.
-        // The touch and the read of the state's metadata run in parallel (FerretDB v1
-        // cannot project a `findAndModify` result, and the whole document would carry
-        // the body): the fields read are immutable, and the touch alone says whether the
-        // state exists.
-        let touch = async {
-            self.state
-                .update_one(
-                    doc! { "_id": &state_doc },
-                    doc! { "$set": { "touched_at": dt(now) } },
-                )
-                .write_concern(self.hint.clone())
-                .await
-                .ctx("touching the state to commit")
-        };
-        let read = async {
-            self.state
-                .find_one(doc! { "_id": &state_doc })
-                .projection(state_meta_projection())
-                .await
-                .ctx("reading the state to commit")
-        };
-        let (touched, found) = try_join(touch, read).await?;
-        let (1, Some(touched)) = (touched.matched_count, found) else {
+        // epoch's state never can: its id carries the old epoch).
+        let found = self
+            .state
+            .find_one(doc! { "_id": state_doc_id(binding, epoch, &request.state_id) })
+            .projection(state_meta_projection())
+            .await
+            .ctx("reading the state to commit")?;
+        let Some(found) = found else {
             self.admit(scope).await?;
             return Err(Rejection::NotFound(format!(
                 "state {} in epoch {}",
@@ -471,21 +597,27 @@ impl MongoStore {
             ))
             .into());
         };
-        let state: StateView = decode("native state", touched)?;
+        let state: StateView = decode("native state", found)?;
         if state.codec != scope.codec {
             self.admit(scope).await?;
             check_codec(scope, &state.codec)?;
         }
 
-        // 2. The compare-and-set: fence, revision and "run not uncertain" in the filter;
-        // head, terminal metadata and interrupt in one update of one document.
+        // 2. The compare-and-set. Its filter holds every expectation: the fence, the
+        // revision, the run not being uncertain, and the state still being registered as
+        // pending (the retention sweep unregisters a state before deleting it, so a
+        // state being swept can never become the head). Its update moves the head, the
+        // terminal metadata and the interrupt, and unregisters the state, in one write
+        // of one document.
+        let entry = format!("pending.{}", request.state_id);
         let mut filter = fence_filter(scope)?;
         filter.insert("state_ref.durable_revision", expected);
         filter.insert(
             format!("uncertain_runs.{}", uncertain_key(&request.run_id)),
             doc! { "$exists": false },
         );
-        let mut update = doc! {
+        filter.insert(&entry, doc! { "$exists": true });
+        let update = doc! {
             "$set": {
                 "state_ref": {
                     "durable_revision": next_stored,
@@ -503,18 +635,13 @@ impl MongoStore {
                 "updated_at": dt(now),
                 "last_activity_at": dt(now),
             },
+            "$unset": { &entry: "" },
+            "$inc": { "counts.pending": -1_i64 },
         };
-        if state.pending_of.is_some() {
-            // The state stops counting as pending with the commit itself, exactly once:
-            // only one compare-and-set on this revision can match.
-            update.insert("$inc", doc! { "counts.pending": -1_i64 });
-        }
         for _ in 0..CAS_ATTEMPTS {
             let options = UpdateIf {
                 write_concern: None,
-                projection: Some(
-                    doc! { "epoch": 1, "lease_generation": 1, "state_ref.durable_head": 1, "uncertain_runs": 1 },
-                ),
+                projection: Some(doc! { "uncertain_runs": 1 }),
             };
             let before = self
                 .update_if(
@@ -526,14 +653,8 @@ impl MongoStore {
                 )
                 .await?;
             if let Some(before) = before {
-                let before: SessionView = decode("binding", before)?;
-                let previous = before
-                    .state_ref
-                    .as_ref()
-                    .and_then(|r| r.durable_head.clone());
-                self.mark_committed(scope, epoch, &request.state_id, previous.as_deref(), now)
-                    .await;
-                let uncertain_runs = uncertain_of(&before);
+                let uncertain_runs =
+                    uncertain_of(&decode::<UncertainOnly>("binding", before)?.uncertain_runs);
                 return Ok(DurableStateHead {
                     binding_id: binding.clone(),
                     epoch: scope.epoch,
@@ -556,9 +677,9 @@ impl MongoStore {
                 });
             }
             // The filter missed: read the document once and say precisely why.
-            let view = self
-                .admitted_session(scope, head_projection(), false)
-                .await?;
+            let mut projection = head_projection();
+            projection.insert(&entry, 1);
+            let view = self.admitted_session(scope, projection, false).await?;
             if view
                 .uncertain_runs
                 .contains_key(&uncertain_key(&request.run_id))
@@ -576,8 +697,6 @@ impl MongoStore {
             });
             if retried {
                 // A retry of the commit that produced this head (its response was lost).
-                self.mark_committed(scope, epoch, &request.state_id, None, now)
-                    .await;
                 return head_of(scope, view)?
                     .ok_or_else(|| corrupt("durable head", "revision above 0 without a head"));
             }
@@ -588,52 +707,20 @@ impl MongoStore {
                 }
                 .into());
             }
+            if !view.pending.contains_key(&request.state_id) {
+                // Committed before (a head of its own), or being swept by retention.
+                return Err(Rejection::NotFound(format!(
+                    "pending state {} in epoch {}",
+                    request.state_id, scope.epoch
+                ))
+                .into());
+            }
             // Every expectation holds again (a concurrent change came and went): retry.
         }
         Err(StoreError::backend(
             super::BACKEND,
             "the head kept changing during the commit; retry",
         ))
-    }
-
-    /// Clears the pending marks of the new head's state and, as a repair, of the previous
-    /// head's. A separate write from the commit, so it can be lost (crash, failover):
-    /// that is harmless, because retention derives committed-ness from the head (the
-    /// sweep never deletes the state a binding's head names, whatever its flag says),
-    /// the pending counter was already decremented by the commit itself, and the next
-    /// commit repairs the flag of its predecessor.
-    async fn mark_committed(
-        &self,
-        scope: &StateScope,
-        epoch: i64,
-        state_id: &str,
-        previous: Option<&str>,
-        now: i64,
-    ) {
-        // Unconditional and by `_id` alone: repeating it changes nothing (`$min` keeps
-        // the first commit time), and an exact `_id` filter is what every server serves
-        // from an index.
-        let mark = |state: String| async move {
-            let _ = self
-                .state
-                .update_one(
-                    doc! { "_id": state },
-                    doc! { "$unset": { "pending_of": "", "pending_since": "" }, "$min": { "committed_at": dt(now) } },
-                )
-                .write_concern(self.hint.clone())
-                .await;
-        };
-        let current = mark(state_doc_id(&scope.binding_id, epoch, state_id));
-        match previous.filter(|p| *p != state_id) {
-            Some(previous) => {
-                join(
-                    current,
-                    mark(state_doc_id(&scope.binding_id, epoch, previous)),
-                )
-                .await;
-            }
-            None => current.await,
-        }
     }
 
     pub(super) async fn mark_uncertain_impl(
@@ -749,7 +836,7 @@ impl MongoStore {
                 false,
             )
             .await?;
-        Ok(uncertain_of(&view))
+        Ok(uncertain_of(&view.uncertain_runs))
     }
 
     pub(super) async fn pending_interrupt_impl(
