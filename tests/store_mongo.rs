@@ -345,7 +345,7 @@ async fn connecting_twice_keeps_the_named_indexes() {
         names,
         [
             "_id_",
-            "binding_epoch_kind_name_key_unique",
+            "binding_epoch_kind_name_key",
             "binding_epoch_kind_name_seq",
             "pending_since"
         ]

@@ -765,7 +765,8 @@ pub async fn bindings_never_read_each_other<S: Store + ?Sized>(store: &S, n: usi
                 .expect("object");
             (record, scope, p.state_id)
         })
-        .buffer_unordered(32)
+        // `buffered` keeps creation order, so position i holds conversation iso-{i}.
+        .buffered(32)
         .collect()
         .await;
     let ids: HashSet<_> = bindings

@@ -2,14 +2,15 @@
 //!
 //! # The fence and writes to other documents
 //!
-//! Changes to the binding document itself (head commit, interrupt consumption, uncertain
-//! runs, raising the fence, clearing) carry the fence in their own filter: they are
-//! exact, like a row lock. Pending states, objects and stream entries live in other
-//! documents, and without multi-document transactions a write there cannot be atomic
-//! with a read of the fence. Those writes therefore:
+//! Changes to the binding document itself (head commit, pending-state registration,
+//! interrupt consumption, uncertain runs, raising the fence, clearing) carry the fence
+//! in their own filter: they are exact, like a row lock. State bodies, objects and
+//! stream entries live in other documents, and without multi-document transactions a
+//! write there cannot be atomic with a read of the fence. Those writes therefore:
 //!
-//! 1. check the fence before writing ([`MongoStore::admit_write`], or the counter
-//!    reservation, which is itself a conditional update of the binding document);
+//! 1. check the fence before writing ([`MongoStore::admit_write`], or the registration
+//!    or counter reservation, which is itself a conditional update of the binding
+//!    document);
 //! 2. write, tagging the document with the epoch (part of its id: another epoch never
 //!    sees it), the writer's lease generation and a fresh `write_id`;
 //! 3. re-read the fence ([`MongoStore::confirm`]); if it moved, undo their own write
@@ -23,15 +24,17 @@
 //! the old worker held the lease until then, and its successor is started only after
 //! `raise_fence` returned (a sandbox is claimed and becomes ready, which takes far
 //! longer than a round trip), so the successor's first read already sees the settled
-//! outcome in all but the crash case. What the window can never do is move the head:
-//! the head changes only by `commit_head`, a single-document compare-and-set whose
-//! filter checks epoch and generation atomically, and a commit only accepts a state
-//! document of its own epoch. A stale pending state can become head only if a current
-//! worker commits it, i.e. presents its id, and then it is that worker's decision (the
-//! id derives from the idempotency key, so it is the payload that worker would have
-//! written under that key). Pending states are therefore never undone: deleting one
-//! could race with such a commit and leave a head without its body, while leaving it is
-//! harmless (it is invisible to other epochs and the retention sweep removes it).
+//! outcome in all but the crash case.
+//!
+//! What the window can never do is move the head: the head changes only by
+//! `commit_head`, a single-document compare-and-set whose filter checks epoch and
+//! generation atomically and requires the state to be registered as pending in that
+//! epoch. A state body a stale writer stored becomes the head only if a worker holding
+//! the current fence commits its id, which it learns only by writing under the same
+//! idempotency key, i.e. the same payload. Such bodies are therefore not undone: undoing
+//! one (unregister, then delete, as the retention sweep does) would make a successor
+//! that already received its reference fail its commit, while keeping it is harmless (it
+//! is invisible to other epochs, and the sweep removes it once the pending TTL passed).
 
 use std::future::IntoFuture;
 

@@ -48,7 +48,7 @@ pub(super) const KIND_ENTRY: &str = "entry";
 /// creates (retention is the audited sweep).
 pub(super) const IDX_SESSIONS_IDENTITY: &str = "environment_owner_agent_conversation_epoch_unique";
 pub(super) const IDX_SESSIONS_ACTIVITY: &str = "last_activity_at";
-pub(super) const IDX_STATE_IDENTITY: &str = "binding_epoch_kind_name_key_unique";
+pub(super) const IDX_STATE_KEY: &str = "binding_epoch_kind_name_key";
 pub(super) const IDX_STATE_SEQ: &str = "binding_epoch_kind_name_seq";
 pub(super) const IDX_STATE_PENDING_SINCE: &str = "pending_since";
 pub(super) const IDX_AUDIT_AT: &str = "at_desc";

@@ -1,27 +1,39 @@
 //! MongoDB backend, for teams that run MongoDB (`DESIGN.md` §7).
 //!
-//! Every compare-and-set is one single-document atomic update (`findOneAndUpdate`) with
-//! its expectations (epoch, lease generation, revision, interrupt id, ...) in the filter;
-//! idempotency rests on deterministic document ids and unique indexes. No
-//! multi-document transactions and no TTL indexes, so the store runs unchanged on a
-//! standalone server, a replica set, a sharded cluster, and FerretDB (which the tests
-//! use). The document layout is in [`layout`].
+//! Every compare-and-set is one single-document atomic update (`findAndModify`) with its
+//! expectations (epoch, lease generation, revision, pending registration, interrupt id,
+//! ...) in the filter; idempotency rests on deterministic document ids and unique
+//! indexes. No multi-document transactions and no TTL indexes, so the store runs on a
+//! standalone server, a replica set and a sharded cluster, and on FerretDB v1 (which
+//! the tests use) in a compatibility mode that makes up for its non-atomic updates
+//! ([`atomic`]). The document layout is in [`layout`].
+//!
+//! Sharding: shard `harness_session_state` by `{_id: 1}`. Its ids start with the binding
+//! id, so one binding's documents stay together, every point read and conditional write
+//! (all by `_id`) targets one shard, and no index there needs to be unique. Keep
+//! `harness_sessions` unsharded (one small document per conversation), or shard it by
+//! `{_id: 1}` after recreating its identity index without `unique` (MongoDB allows a
+//! unique index on a sharded collection only when prefixed by the shard key; the `_id`
+//! is a keyed digest of that identity, so only the guard against two keys deriving two
+//! ids for one conversation is lost).
 //!
 //! Fencing. The fence lives in the binding document, so anything that changes that
-//! document (the head commit, interrupts, uncertain runs) checks the fence atomically in
-//! its own filter: exact. Writes to other documents (pending states, objects, stream
-//! entries) cannot be atomic with a check of another document without transactions;
-//! they check the fence before writing, tag what they write with epoch and lease
-//! generation, and re-check the fence afterwards, undoing their own write when it moved
-//! ([`bindings`] explains the window that remains and why the head is still exact).
+//! document (the head commit, pending registrations, interrupts, uncertain runs) checks
+//! the fence atomically in its own filter: exact. Writes to other documents (state
+//! bodies, objects, stream entries) cannot be atomic with a check of another document
+//! without transactions; they check the fence before writing, tag what they write with
+//! epoch and lease generation, and re-check the fence afterwards, undoing their own
+//! write when it moved ([`bindings`] explains the window that remains and why the head
+//! is still exact).
 //!
-//! Durability: writes that carry the protocol (head commits, state bodies, objects,
-//! entries, fence changes) use the configured write concern, by default
-//! `{w: "majority", j: true}`. Bookkeeping writes whose loss is harmless by construction
-//! (activity timestamps, counter reservations, the committed flag of a state, the
-//! sweep-protection touch) use `{w: 1}`: each is followed, on the same primary, by a
-//! protocol write or is repaired later, and replication applies the oplog in order, so
-//! a majority-acknowledged write implies everything before it is majority-committed.
+//! Durability: writes that carry the protocol (head commits, registrations, state
+//! bodies, objects, entries, fence changes) use the configured write concern, by
+//! default `{w: "majority", j: true}`. Bookkeeping writes whose loss is harmless use
+//! `{w: 1}`: activity timestamps, object and stream counter reservations (a lost one
+//! leaves a counter low by one until the next recount), and stream sequence
+//! reservations. Each of these is followed, on the same primary, by a protocol write
+//! (the document it reserved for), and replication applies the oplog in order, so once
+//! that write is majority-acknowledged so is the reservation before it.
 
 mod atomic;
 mod bindings;
@@ -224,12 +236,16 @@ impl MongoStore {
                 .ctx("creating the harness_sessions indexes")?;
         }
         for model in [
-            // Point lookups go by `_id`; this serves prefix listings of objects and
-            // streams, per-epoch purges, and states a unique key per kind.
+            // Point lookups and idempotency go by `_id` (unique by nature, and an
+            // injective encoding of binding, epoch, kind, name and key); this index
+            // serves prefix listings of objects and streams and per-epoch purges. Not
+            // declared unique on top: it would add no guarantee, and MongoDB allows a
+            // unique index on a sharded collection only when prefixed by the shard key
+            // (`_id`, see the module documentation).
             index(
                 doc! { "binding_id": 1, "epoch": 1, "kind": 1, "name": 1, "key": 1 },
-                layout::IDX_STATE_IDENTITY,
-                true,
+                layout::IDX_STATE_KEY,
+                false,
                 false,
             ),
             index(

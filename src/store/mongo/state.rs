@@ -383,11 +383,12 @@ impl MongoStore {
                     })?;
                 return settle(found);
             }
-            // The outcome is unknown; the registration stays (the sweep clears a
-            // registration whose state never arrived).
+            // The outcome is unknown; the registration stays (one whose state never
+            // arrives is dropped at the pending bound, see `heal_registrations`).
             Err(e) => return Err(backend("storing native state", &e)),
         }
-        // Not undone on a moved fence: see `bindings` ("Pending states are never undone").
+        // Not undone on a moved fence: see `bindings` ("Such bodies are therefore not
+        // undone").
         self.confirm(scope).await?;
         Ok(reference)
     }
