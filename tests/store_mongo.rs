@@ -111,10 +111,7 @@ async fn close(store: MongoStore, scratch: Scratch) {
     drop(scratch);
 }
 
-// FerretDB v1 (the MongoDB stand-in the tests can run) answers most filters by scanning
-// the collection, so the isolation case runs with 200 bindings here instead of 1,000;
-// every other case is the same as on SQLite.
-crate::conformance_tests!(open, close; isolation_bindings = 200);
+crate::conformance_tests!(open, close);
 
 /// Direct access to the test database, to put documents in the states a crash leaves.
 async fn raw(scratch: &Scratch) -> mongodb::Database {

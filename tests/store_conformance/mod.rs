@@ -738,10 +738,7 @@ pub async fn a_thousand_bindings_never_read_each_other<S: Store + ?Sized>(store:
     bindings_never_read_each_other(store, 1000).await;
 }
 
-/// The isolation case with `n` bindings. Backends run it with 1,000; the MongoDB backend
-/// runs it with fewer on FerretDB v1, whose SQLite handler filters most queries by scanning
-/// the collection in Go, so the cost grows with the square of the binding count there
-/// (see `tests/store_mongo.rs`).
+/// The isolation case with `n` bindings (every backend runs it with 1,000).
 pub async fn bindings_never_read_each_other<S: Store + ?Sized>(store: &S, n: usize) {
     let bindings: Vec<(BindingRecord, StateScope, String)> = stream::iter(0..n)
         .map(|i| async move {
