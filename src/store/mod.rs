@@ -299,6 +299,68 @@ impl<T: BindingStore + ThreadStateStore + NativeStore + InterruptStore + Retenti
 {
 }
 
+/// Input checks every backend makes before touching storage, so both refuse the same
+/// requests with the same codes and messages.
+pub(crate) mod checks {
+    use crate::domain::{
+        ids::IdempotencyDigest,
+        limits::Limits,
+        state::{Rejection, check_key},
+    };
+
+    use super::NewEntry;
+
+    fn count(n: usize) -> u64 {
+        u64::try_from(n).unwrap_or(u64::MAX)
+    }
+
+    /// A native state payload and its idempotency digest.
+    pub(crate) fn native_state(
+        limits: &Limits,
+        payload: &[u8],
+        idempotency: &IdempotencyDigest,
+    ) -> Result<(), Rejection> {
+        if payload.len() > limits.max_state_bytes {
+            return Err(Rejection::TooLarge {
+                what: "native state",
+                size: count(payload.len()),
+                limit: count(limits.max_state_bytes),
+            });
+        }
+        check_key(
+            "idempotency digest",
+            idempotency.as_str(),
+            limits.max_key_bytes,
+        )
+    }
+
+    /// A stream append: the stream name, the batch size, each entry id and body.
+    pub(crate) fn append(
+        limits: &Limits,
+        stream: &str,
+        entries: &[NewEntry],
+    ) -> Result<(), Rejection> {
+        check_key("stream name", stream, limits.max_key_bytes)?;
+        if entries.len() > limits.max_entries_per_append {
+            return Err(Rejection::TooMany {
+                what: "entries per append",
+                limit: count(limits.max_entries_per_append),
+            });
+        }
+        for entry in entries {
+            check_key("entry id", &entry.id, limits.max_key_bytes)?;
+            if entry.body.len() > limits.max_entry_bytes {
+                return Err(Rejection::TooLarge {
+                    what: "stream entry",
+                    size: count(entry.body.len()),
+                    limit: count(limits.max_entry_bytes),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -505,25 +505,7 @@ impl MongoStore {
         entries: &[NewEntry],
     ) -> Result<AppendOutcome> {
         let limits = &self.limits;
-        check_key("stream name", stream, limits.max_key_bytes)?;
-        if entries.len() > limits.max_entries_per_append {
-            return Err(Rejection::TooMany {
-                what: "entries per append",
-                limit: count(limits.max_entries_per_append),
-            }
-            .into());
-        }
-        for entry in entries {
-            check_key("entry id", &entry.id, limits.max_key_bytes)?;
-            if entry.body.len() > limits.max_entry_bytes {
-                return Err(Rejection::TooLarge {
-                    what: "stream entry",
-                    size: count(entry.body.len()),
-                    limit: count(limits.max_entry_bytes),
-                }
-                .into());
-            }
-        }
+        crate::store::checks::append(limits, stream, entries)?;
         self.rate_check(&scope.binding_id)?;
         let _serial = self.exclusive(&scope.binding_id).await;
         let binding = &scope.binding_id;

@@ -270,20 +270,7 @@ impl MongoStore {
         payload: &[u8],
         idempotency: &IdempotencyDigest,
     ) -> Result<PendingStateRef> {
-        let limit = self.limits.max_state_bytes;
-        if payload.len() > limit {
-            return Err(Rejection::TooLarge {
-                what: "native state",
-                size: count(payload.len()),
-                limit: count(limit),
-            }
-            .into());
-        }
-        check_key(
-            "idempotency digest",
-            idempotency.as_str(),
-            self.limits.max_key_bytes,
-        )?;
+        crate::store::checks::native_state(&self.limits, payload, idempotency)?;
         self.rate_check(&scope.binding_id)?;
         let _serial = self.exclusive(&scope.binding_id).await;
         let binding = &scope.binding_id;

@@ -381,20 +381,7 @@ impl ThreadStateStore for SqliteStore {
         payload: &[u8],
         idempotency: &IdempotencyDigest,
     ) -> Result<PendingStateRef> {
-        let limit = self.limits.max_state_bytes;
-        if payload.len() > limit {
-            return Err(Rejection::TooLarge {
-                what: "native state",
-                size: count(payload.len()),
-                limit: count(limit),
-            }
-            .into());
-        }
-        check_key(
-            "idempotency digest",
-            idempotency.as_str(),
-            self.limits.max_key_bytes,
-        )?;
+        crate::store::checks::native_state(&self.limits, payload, idempotency)?;
         let scope = self.scoped_write(scope)?;
         // Hashed here, on the caller's task: the writer thread only does database work.
         let write = state::NativeWrite {
@@ -553,25 +540,7 @@ impl NativeStore for SqliteStore {
         entries: &[NewEntry],
     ) -> Result<AppendOutcome> {
         let limits = &self.limits;
-        check_key("stream name", stream, limits.max_key_bytes)?;
-        if entries.len() > limits.max_entries_per_append {
-            return Err(Rejection::TooMany {
-                what: "entries per append",
-                limit: count(limits.max_entries_per_append),
-            }
-            .into());
-        }
-        for entry in entries {
-            check_key("entry id", &entry.id, limits.max_key_bytes)?;
-            if entry.body.len() > limits.max_entry_bytes {
-                return Err(Rejection::TooLarge {
-                    what: "stream entry",
-                    size: count(entry.body.len()),
-                    limit: count(limits.max_entry_bytes),
-                }
-                .into());
-            }
-        }
+        crate::store::checks::append(limits, stream, entries)?;
         let scope = self.scoped_write(scope)?;
         let append = native::Append {
             stream: stream.to_owned(),
