@@ -334,6 +334,19 @@ pub(crate) mod checks {
         )
     }
 
+    /// A native object's key and body.
+    pub(crate) fn object(limits: &Limits, key: &str, body: &[u8]) -> Result<(), Rejection> {
+        check_key("object key", key, limits.max_key_bytes)?;
+        if body.len() > limits.max_object_bytes {
+            return Err(Rejection::TooLarge {
+                what: "object",
+                size: count(body.len()),
+                limit: count(limits.max_object_bytes),
+            });
+        }
+        Ok(())
+    }
+
     /// A stream append: the stream name, the batch size, each entry id and body.
     pub(crate) fn append(
         limits: &Limits,

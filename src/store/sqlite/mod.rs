@@ -477,16 +477,7 @@ impl NativeStore for SqliteStore {
         body: &[u8],
         mode: PutMode,
     ) -> Result<ObjectMeta> {
-        check_key("object key", key, self.limits.max_key_bytes)?;
-        let limit = self.limits.max_object_bytes;
-        if body.len() > limit {
-            return Err(Rejection::TooLarge {
-                what: "object",
-                size: count(body.len()),
-                limit: count(limit),
-            }
-            .into());
-        }
+        crate::store::checks::object(&self.limits, key, body)?;
         if let PutMode::Replace { expected_version } = mode {
             sql_int("expected version", expected_version)?;
         }
