@@ -10,5 +10,6 @@
 
 pub mod api;
 pub mod domain;
+pub mod operator;
 pub mod server;
 pub mod store;

@@ -28,6 +28,10 @@ enum Command {
     /// Kubernetes. With no flags it creates its data directory, identity key and token
     /// file, and prints where they are.
     Serve(ServeArgs),
+    /// Run the operator: the HarnessBinding, SandboxProfile and MemoryPolicy controllers
+    /// (leader only), the admission webhook and the data plane (every replica), against
+    /// the cluster of the current kubeconfig or in-cluster config.
+    Operator(Box<OperatorArgs>),
     /// Print the OpenAPI document of the data-plane API (JSON), or write it to a file.
     Openapi {
         /// Write the document here instead of printing it.
@@ -79,9 +83,56 @@ struct ServeArgs {
     write_burst: Option<u32>,
 }
 
+#[derive(Args)]
+struct OperatorArgs {
+    /// Address of the data-plane API.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Address of `/live`, `/ready` and `/metrics`.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    admin_listen: SocketAddr,
+    /// Directory of the embedded store and (unless `--identity-key-file`) the identity key.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/harness-engine")]
+    data_dir: PathBuf,
+    /// MongoDB connection string: use MongoDB instead of the embedded store.
+    #[arg(long, env = "HARNESS_ENGINE_MONGODB_URI", value_name = "URI")]
+    mongodb_uri: Option<String>,
+    /// MongoDB database name.
+    #[arg(long, default_value = "harness_engine")]
+    mongodb_database: String,
+    /// HMAC identity key (at least 32 bytes), shared by every replica.
+    #[arg(long, value_name = "FILE")]
+    identity_key_file: Option<PathBuf>,
+    /// Environment id: part of every binding id.
+    #[arg(long, default_value = "default")]
+    environment: String,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Run the controllers without leader election (one replica only).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Namespace of the leader-election Lease (default: `--namespace`, else `harness-engine-system`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "harness-engine-operator")]
+    leader_election_id: String,
+    /// Leader lease duration in seconds (renewed every third of it).
+    #[arg(long, default_value_t = 15)]
+    leader_lease_seconds: u64,
+    /// Reconciles running at once per controller.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u16,
+    /// How long start-up waits for our CRDs to be established, in seconds.
+    #[arg(long, default_value_t = 60)]
+    crd_wait_seconds: u64,
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(args)?,
+        Command::Operator(args) => operator(*args)?,
         Command::Openapi { out } => {
             let json = server::openapi::to_json(&server::openapi::document());
             match out {
@@ -160,6 +211,141 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let state = AppState::new(store, setup.keyring, Arc::new(setup.tokens), config);
         server::serve(state, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
+        Ok(())
+    })
+}
+
+fn operator(args: OperatorArgs) -> anyhow::Result<()> {
+    use harness_engine::{
+        operator::{self, Context as OperatorContext, OperatorConfig, OperatorMetrics, leader},
+        server::{admin, auth::kubernetes},
+        store::mongo::MongoStore,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let metrics = OperatorMetrics::default();
+        let client = operator::counting_client(metrics.api_requests.clone())
+            .await
+            .context("connecting to Kubernetes (kubeconfig or in-cluster config)")?;
+        operator::check_crds(&client, Duration::from_secs(args.crd_wait_seconds)).await?;
+
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("creating {}", args.data_dir.display()))?;
+        let (keyring, key_file, created) =
+            local::identity_key(&args.data_dir, args.identity_key_file.clone(), &args.environment)
+                .context("loading the identity key")?;
+        let limits = Limits::default();
+        let store: Arc<dyn Store> = match &args.mongodb_uri {
+            Some(uri) => Arc::new(
+                MongoStore::connect(uri, &args.mongodb_database, limits.clone())
+                    .await
+                    .context("connecting to MongoDB")?,
+            ),
+            None => {
+                let path = args.data_dir.join("state.db");
+                Arc::new(
+                    SqliteStore::open(&path, limits.clone())
+                        .await
+                        .with_context(|| format!("opening {}", path.display()))?,
+                )
+            }
+        };
+        let auth = kubernetes::KubernetesAuthenticator::new(
+            client.clone(),
+            kubernetes::KubernetesAuthConfig::default(),
+        );
+        let server_metrics = admin::Metrics::with_extra(|r| metrics.register(r));
+        let state = server::AppState::with_metrics(
+            store.clone(),
+            keyring.clone(),
+            Arc::new(auth),
+            ServerConfig::new(limits),
+            server_metrics,
+        );
+        let api = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+        let admin_listener = tokio::net::TcpListener::bind(args.admin_listen).await.with_context(|| format!("binding {}", args.admin_listen))?;
+        let hostname = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "harness-engine".into());
+        let identity = format!("{hostname}_{:08x}", rand::random::<u32>());
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "harness-engine operator {}: environment {}, identity {identity}", env!("CARGO_PKG_VERSION"), keyring.environment())?;
+            writeln!(out, "identity key: {}{}", key_file.display(), if created { " (created)" } else { "" })?;
+            writeln!(out, "api: http://{}", api.local_addr()?)?;
+            writeln!(out, "admin: http://{} (/live /ready /metrics)", admin_listener.local_addr()?)?;
+            writeln!(out, "watching: {}", args.namespace.as_deref().unwrap_or("all namespaces"))?;
+            out.flush()?;
+        }
+
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = {
+            let rx = stop_rx.clone();
+            move || {
+                let mut rx = rx.clone();
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }
+            }
+        };
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        });
+        let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
+
+        let lease_duration = Duration::from_secs(args.leader_lease_seconds.max(2));
+        let config = OperatorConfig {
+            namespace: args.namespace.clone(),
+            leader: leader::LeaderConfig {
+                enabled: !args.no_leader_election,
+                namespace: args
+                    .leader_election_namespace
+                    .clone()
+                    .or_else(|| args.namespace.clone())
+                    .unwrap_or_else(|| "harness-engine-system".into()),
+                name: args.leader_election_id.clone(),
+                identity: identity.clone(),
+                lease_duration,
+                renew_every: lease_duration / 3,
+                retry_every: (lease_duration / 5).max(Duration::from_millis(500)),
+            },
+            concurrency: args.concurrency.max(1),
+            crd_wait: Duration::from_secs(args.crd_wait_seconds),
+        };
+        let ctx = Arc::new(OperatorContext::new(client.clone(), store, keyring, metrics.clone(), &identity));
+        let elector = leader::Elector::new(client.clone(), config.leader.clone());
+        let lost = if config.leader.enabled {
+            tokio::select! {
+                () = elector.acquire() => {}
+                () = stopped() => {
+                    let _ = data_plane.await;
+                    return Ok(());
+                }
+            }
+            println!("leading: lease {}/{}", config.leader.namespace, config.leader.name);
+            metrics.leader.set(1);
+            tokio::select! {
+                () = operator::run_controllers(ctx, &config, stopped()) => false,
+                () = elector.hold() => true,
+            }
+        } else {
+            metrics.leader.set(1);
+            operator::run_controllers(ctx, &config, stopped()).await;
+            false
+        };
+        metrics.leader.set(0);
+        if lost {
+            anyhow::bail!("lost the leader lease: exiting so a supervisor restarts this replica as a follower");
+        }
+        if config.leader.enabled {
+            elector.release().await;
+        }
+        data_plane.await.context("data plane task")?.context("serving")?;
+        eprintln!("harness-engine operator: stopped");
         Ok(())
     })
 }

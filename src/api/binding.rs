@@ -244,6 +244,11 @@ pub struct Lease {
     /// Monotonic fencing value, raised by one on every worker replacement.
     #[schemars(range(min = 0))]
     pub generation: i64,
+    /// The conversation epoch this lease serves. A lease of an older epoch is replaced
+    /// by a fresh one after the clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub epoch: Option<i64>,
     /// Name of the `SandboxClaim` of this generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_name: Option<String>,
@@ -256,6 +261,13 @@ pub struct Lease {
     /// UID of the bound `Sandbox`; unique to this binding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_uid: Option<String>,
+    /// Name of the worker pod verified for this generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_pod_name: Option<String>,
+    /// UID of that pod. A new pod (even under the same Sandbox) is a new worker and gets
+    /// a new generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_pod_uid: Option<String>,
     /// Image digest the worker actually runs (from its pod's container status), checked
     /// against the profile's allowed digests.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,7 @@ pub mod crds;
 pub mod memory_policy;
 #[allow(clippy::duplicated_attributes)]
 pub mod profile;
+pub mod sandbox;
 mod schema;
 
 pub use binding::{

@@ -84,10 +84,21 @@ impl Keyring {
     /// The binding id of a conversation: deterministic for (environment, subject, agent,
     /// conversation), opaque to anyone without the key.
     pub fn binding_id(&self, subject: &str, agent_id: &str, conversation_id: &str) -> BindingId {
+        self.binding_id_for_ref(self.subject_ref(subject).as_str(), agent_id, conversation_id)
+    }
+
+    /// The binding id from the subject's keyed reference (what a `HarnessBinding` holds
+    /// in `spec.subjectRef`): the operator and the data plane derive the same id.
+    pub fn binding_id_for_ref(
+        &self,
+        subject_ref: &str,
+        agent_id: &str,
+        conversation_id: &str,
+    ) -> BindingId {
         let d = self.mac(
-            "binding/v1",
+            "binding/v2",
             &[
-                subject.as_bytes(),
+                subject_ref.as_bytes(),
                 agent_id.as_bytes(),
                 conversation_id.as_bytes(),
             ],

@@ -4,6 +4,7 @@
 //! Nothing here performs IO or depends on a store, a server or Kubernetes; stores and
 //! servers import these types, never the other way round.
 
+pub mod duration;
 pub mod ids;
 pub mod limits;
 pub mod state;

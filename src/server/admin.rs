@@ -56,7 +56,15 @@ fn latency_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Metrics::with_extra(|_| {})
+    }
+}
+
+impl Metrics {
+    /// The server's metrics plus whatever `extra` registers (the operator's).
+    pub fn with_extra(extra: impl FnOnce(&mut Registry)) -> Self {
         let mut registry = Registry::with_prefix("harness_engine");
+        extra(&mut registry);
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<RequestLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
@@ -84,9 +92,7 @@ impl Default for Metrics {
             store_errors,
         }
     }
-}
 
-impl Metrics {
     pub fn observe_request(
         &self,
         route: String,

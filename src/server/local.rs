@@ -86,6 +86,43 @@ pub fn prepare(
         source,
     })?;
 
+    let (keyring, identity_key_file, created_key) =
+        identity_key(&data_dir, identity_key_file, environment)?;
+
+    let (tokens_file, created_token) = match tokens_file {
+        Some(path) => (path, None),
+        None => {
+            let path = data_dir.join("tokens.yaml");
+            if path.exists() {
+                (path, None)
+            } else {
+                let token =
+                    StaticTokens::create_file(&path, LOCAL_PRINCIPAL, &[LOCAL_SUBJECT.to_owned()])?;
+                (path, Some(token))
+            }
+        }
+    };
+    let tokens = StaticTokens::load(&tokens_file)?;
+
+    Ok(LocalSetup {
+        database: data_dir.join("state.db"),
+        data_dir,
+        tokens_file,
+        identity_key_file,
+        keyring,
+        tokens,
+        created_token,
+        created_key,
+    })
+}
+
+/// Loads the identity key (creating a random one in `data_dir` when no file is named),
+/// and the keyring made from it. Shared by `serve` and `operator`.
+pub fn identity_key(
+    data_dir: &Path,
+    identity_key_file: Option<PathBuf>,
+    environment: &str,
+) -> Result<(Keyring, PathBuf, bool), LocalError> {
     let (identity_key_file, created_key) = match identity_key_file {
         Some(path) => (path, false),
         None => {
@@ -119,32 +156,7 @@ pub fn prepare(
         path: identity_key_file.clone(),
         source,
     })?;
-
-    let (tokens_file, created_token) = match tokens_file {
-        Some(path) => (path, None),
-        None => {
-            let path = data_dir.join("tokens.yaml");
-            if path.exists() {
-                (path, None)
-            } else {
-                let token =
-                    StaticTokens::create_file(&path, LOCAL_PRINCIPAL, &[LOCAL_SUBJECT.to_owned()])?;
-                (path, Some(token))
-            }
-        }
-    };
-    let tokens = StaticTokens::load(&tokens_file)?;
-
-    Ok(LocalSetup {
-        database: data_dir.join("state.db"),
-        data_dir,
-        tokens_file,
-        identity_key_file,
-        keyring,
-        tokens,
-        created_token,
-        created_key,
-    })
+    Ok((keyring, identity_key_file, created_key))
 }
 
 fn create_private_dir(path: &Path) -> std::io::Result<()> {

@@ -81,13 +81,23 @@ impl AppState {
         auth: Arc<dyn auth::Authenticator>,
         config: ServerConfig,
     ) -> Self {
+        Self::with_metrics(store, keyring, auth, config, admin::Metrics::default())
+    }
+    /// [`AppState::new`] with a metrics registry that carries more (the operator's).
+    pub fn with_metrics(
+        store: Arc<dyn Store>,
+        keyring: Keyring,
+        auth: Arc<dyn auth::Authenticator>,
+        config: ServerConfig,
+        metrics: admin::Metrics,
+    ) -> Self {
         let openapi_json = openapi::to_json(&openapi::document());
         AppState(Arc::new(Inner {
             store,
             keyring,
             auth,
             config,
-            metrics: admin::Metrics::default(),
+            metrics,
             bindings: authz::BindingCache::default(),
             openapi_json,
         }))

@@ -1,0 +1,153 @@
+//! The MemoryPolicy controller: validates a policy against the deployment's memory
+//! rules, reports Ready, and lists the agents it selects (from the bindings in its
+//! namespace).
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{ListParams, PostParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType},
+    },
+};
+
+use super::{Context, Error};
+use crate::api::{
+    HarnessBinding, MemoryPolicy, MemoryPolicyStatus,
+    conditions::{self, Desired, FALSE, TRUE},
+    memory_policy::{MemoryScope, WritePolicy},
+};
+
+/// Entry point from the controller runtime.
+pub async fn reconcile(policy: Arc<MemoryPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = apply(&policy, &ctx).await;
+    ctx.metrics
+        .observe_reconcile("memorypolicy", &result, started.elapsed());
+    result
+}
+
+/// The rules a policy must meet whatever the deployment allows.
+pub fn validate(policy: &MemoryPolicy) -> Result<String, (&'static str, String)> {
+    let spec = &policy.spec;
+    if spec.write_scope == MemoryScope::Organization {
+        return Err((
+            "OrganizationWriteNotAllowed",
+            "writeScope organization is never agent-configurable".into(),
+        ));
+    }
+    let selector = &spec.agent_selector;
+    let all = selector.all_agents.unwrap_or(false);
+    let ids = selector.agent_ids.clone().unwrap_or_default();
+    if all == !ids.is_empty() {
+        return Err((
+            "InvalidSelector",
+            "agentSelector must set exactly one of allAgents: true or a non-empty agentIds".into(),
+        ));
+    }
+    if spec.write_policy != WritePolicy::Disabled && !spec.read_scopes.contains(&spec.write_scope)
+    {
+        return Err((
+            "WriteScopeNotReadable",
+            format!(
+                "writeScope {:?} is not among readScopes: agents would write memory they cannot read",
+                spec.write_scope
+            ),
+        ));
+    }
+    if !spec.enabled {
+        return Ok("disabled: the selected agents get no cross-thread memory".into());
+    }
+    Ok(format!(
+        "write scope {:?} with policy {:?}; reads {:?}",
+        spec.write_scope, spec.write_policy, spec.read_scopes
+    ))
+}
+
+async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
+    let ns = policy.namespace().unwrap_or_default();
+    let verdict = validate(policy);
+    let bindings: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = &policy.spec.agent_selector;
+    let wanted: Option<BTreeSet<String>> = selector
+        .agent_ids
+        .as_ref()
+        .map(|ids| ids.iter().cloned().collect());
+    let selected: BTreeSet<String> = bindings
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|b| b.spec.agent_id)
+        .filter(|a| wanted.as_ref().is_none_or(|w| w.contains(a)))
+        .collect();
+    let mut selected: Vec<String> = selected.into_iter().collect();
+    if let Some(w) = &wanted {
+        // Agents named but without a binding yet are still selected.
+        for a in w {
+            if !selected.contains(a) {
+                selected.push(a.clone());
+            }
+        }
+        selected.sort();
+    }
+    let mut status: MemoryPolicyStatus = policy.status.clone().unwrap_or_default();
+    let (ok, reason, message) = match verdict {
+        Ok(m) => (true, "Valid", m),
+        Err((r, m)) => (false, r, m),
+    };
+    let was = conditions::get(&status.conditions, "Ready").map(|c| c.reason.clone());
+    conditions::set(
+        &mut status.conditions,
+        Desired {
+            type_: "Ready",
+            status: if ok { TRUE } else { FALSE },
+            reason,
+            message: message.clone(),
+        },
+        policy.metadata.generation,
+        &Time(Timestamp::now()),
+    );
+    status.observed_generation = policy.metadata.generation;
+    status.selected_agents = selected;
+    if policy.status.as_ref() != Some(&status) {
+        let api: Api<MemoryPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        let mut object = policy.clone();
+        object.status = Some(status);
+        object.metadata.managed_fields = None;
+        match api
+            .replace_status(
+                &policy.name_any(),
+                &PostParams {
+                    field_manager: Some(super::FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &object,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if was.as_deref() != Some(reason) {
+            ctx.publish(
+                &policy.object_ref(&()),
+                Event {
+                    type_: if ok { EventType::Normal } else { EventType::Warning },
+                    reason: reason.into(),
+                    note: Some(message),
+                    action: "Validate".into(),
+                    secondary: None,
+                },
+            )
+            .await;
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
+}

@@ -1,0 +1,466 @@
+//! The operator: HarnessBinding, SandboxProfile and MemoryPolicy controllers, leader
+//! election, events and metrics. `harness-engine operator` runs them together with the
+//! admission webhook and the data plane in one process (see `main.rs`).
+//!
+//! Only the leader reconciles; every replica serves the data plane. The controllers
+//! keep no state that matters across restarts: everything they decide is written to
+//! the objects' status (compare-and-set) or the store (fenced), so a new leader picks
+//! up where the last one stopped.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::core::v1::{ObjectReference, Pod},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    runtime::{
+        Controller,
+        controller::{self, Action},
+        events::{Event, Recorder, Reporter},
+        reflector::ObjectRef,
+        watcher,
+    },
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use crate::{
+    api::{HarnessBinding, MemoryPolicy, SandboxProfile, sandbox::SandboxClaim},
+    domain::ids::Keyring,
+    store::Store,
+};
+
+pub mod binding;
+pub mod leader;
+pub mod memory_policy;
+pub mod profile;
+
+/// Field manager and event reporter name.
+pub const FIELD_MANAGER: &str = "harness-engine";
+
+/// Reconcile failures. Each is retried with backoff; none loses data, since every step
+/// is idempotent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("store: {0}")]
+    Store(String),
+    #[error("invalid: {0}")]
+    Invalid(String),
+    #[error("encoding: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    kind: String,
+    result: String,
+}
+
+/// Operator metrics, registered under `harness_engine_operator_*`.
+#[derive(Clone)]
+pub struct OperatorMetrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    reconcile_seconds: Family<ReconcileLabels, Histogram>,
+    /// Worker replacements (lease generation raised past 1).
+    pub replacements: Counter,
+    /// Status compare-and-set conflicts (someone else moved first).
+    pub status_conflicts: Counter,
+    /// Our own overhead: binding Ready minus its claim Ready, seconds.
+    pub bind_overhead: Histogram,
+    /// 1 while this replica holds the leader lease.
+    pub leader: Gauge,
+    /// Requests this process sent to the Kubernetes API.
+    pub api_requests: Arc<AtomicU64>,
+}
+
+impl Default for OperatorMetrics {
+    fn default() -> Self {
+        OperatorMetrics {
+            reconciles: Family::default(),
+            reconcile_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
+            }),
+            replacements: Counter::default(),
+            status_conflicts: Counter::default(),
+            bind_overhead: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            leader: Gauge::default(),
+            api_requests: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl OperatorMetrics {
+    /// Registers every metric in `registry` (the admin port's `/metrics`).
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("operator");
+        r.register(
+            "reconciles",
+            "Reconciles by kind and result",
+            self.reconciles.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Reconcile latency by kind and result",
+            self.reconcile_seconds.clone(),
+        );
+        r.register(
+            "replacements",
+            "Worker replacements (lease generation raised after the first)",
+            self.replacements.clone(),
+        );
+        r.register(
+            "status_conflicts",
+            "Status compare-and-set conflicts",
+            self.status_conflicts.clone(),
+        );
+        r.register(
+            "bind_overhead_seconds",
+            "Binding Ready minus its SandboxClaim Ready",
+            self.bind_overhead.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            self.leader.clone(),
+        );
+    }
+
+    pub fn observe_reconcile<T>(&self, kind: &str, result: &Result<T, Error>, took: Duration) {
+        let labels = ReconcileLabels {
+            kind: kind.into(),
+            result: if result.is_ok() { "ok" } else { "error" }.into(),
+        };
+        self.reconciles.get_or_create(&labels).inc();
+        self.reconcile_seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// What every reconcile reads.
+pub struct Context {
+    pub client: Client,
+    pub store: Arc<dyn Store>,
+    pub keyring: Keyring,
+    pub metrics: OperatorMetrics,
+    recorder: Recorder,
+    /// (namespace, sandbox name) -> the binding whose lease holds it, for pod events.
+    sandboxes: Mutex<HashMap<(String, String), ObjectRef<HarnessBinding>>>,
+    /// Binding UID -> when its state was last projected.
+    projections: Mutex<HashMap<String, Instant>>,
+    projection_interval: Duration,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        store: Arc<dyn Store>,
+        keyring: Keyring,
+        metrics: OperatorMetrics,
+        identity: &str,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(identity.to_owned()),
+            },
+        );
+        Context {
+            client,
+            store,
+            keyring,
+            metrics,
+            recorder,
+            sandboxes: Mutex::default(),
+            projections: Mutex::default(),
+            projection_interval: Duration::from_secs(10),
+        }
+    }
+
+    /// Publishes an event; a failure is logged, never fatal (events are best effort).
+    pub async fn publish(&self, reference: &ObjectReference, event: Event) {
+        if let Err(e) = self.recorder.publish(&event, reference).await {
+            eprintln!(
+                "harness-engine operator: event {} on {}: {e}",
+                event.reason,
+                reference.name.clone().unwrap_or_default()
+            );
+        }
+    }
+
+    fn index_sandbox(&self, ns: &str, sandbox: &str, binding: &HarnessBinding) {
+        if let Ok(mut map) = self.sandboxes.lock() {
+            map.insert((ns.to_owned(), sandbox.to_owned()), ObjectRef::from_obj(binding));
+        }
+    }
+
+    fn unindex_sandbox(&self, ns: &str, sandbox: &str) {
+        if let Ok(mut map) = self.sandboxes.lock() {
+            map.remove(&(ns.to_owned(), sandbox.to_owned()));
+        }
+    }
+
+    fn binding_of_sandbox(&self, ns: &str, sandbox: &str) -> Option<ObjectRef<HarnessBinding>> {
+        self.sandboxes
+            .lock()
+            .ok()?
+            .get(&(ns.to_owned(), sandbox.to_owned()))
+            .cloned()
+    }
+
+    /// Whether the state projection of `uid` is due (and marks it done).
+    fn projection_due(&self, uid: &str) -> bool {
+        let Ok(mut map) = self.projections.lock() else {
+            return true;
+        };
+        let now = Instant::now();
+        match map.get(uid) {
+            Some(at) if now.duration_since(*at) < self.projection_interval => false,
+            _ => {
+                map.insert(uid.to_owned(), now);
+                true
+            }
+        }
+    }
+
+    fn forget(&self, uid: &str) {
+        if let Ok(mut map) = self.projections.lock() {
+            map.remove(uid);
+        }
+    }
+}
+
+/// A span for a reconcile step. Spans are exported by the telemetry module when it is
+/// configured; until then this is a named scope for readers of the code.
+pub(crate) fn telemetry_span(_name: &'static str, _binding: &HarnessBinding) {}
+
+/// Where the operator looks and how it elects a leader.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    /// Watch one namespace; `None` watches all.
+    pub namespace: Option<String>,
+    pub leader: leader::LeaderConfig,
+    /// Reconciles running at once per controller.
+    pub concurrency: u16,
+    /// How long start-up waits for our CRDs to be established.
+    pub crd_wait: Duration,
+}
+
+/// CRDs we own, which must be established before we start.
+pub const OUR_CRDS: [&str; 3] = [
+    "harnessbindings.harness-engine.dev",
+    "sandboxprofiles.harness-engine.dev",
+    "memorypolicies.harness-engine.dev",
+];
+
+/// Agent Sandbox CRDs we use; without them nothing can be claimed.
+pub const AGENT_SANDBOX_CRDS: [&str; 4] = [
+    "sandboxes.agents.x-k8s.io",
+    "sandboxclaims.extensions.agents.x-k8s.io",
+    "sandboxwarmpools.extensions.agents.x-k8s.io",
+    "sandboxtemplates.extensions.agents.x-k8s.io",
+];
+
+fn established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}
+
+/// Start-up checks: the Agent Sandbox CRDs exist (fail fast with a hint) and ours are
+/// established (wait up to `wait`).
+pub async fn check_crds(client: &Client, wait: Duration) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    for name in AGENT_SANDBOX_CRDS {
+        if crds.get_opt(name).await?.is_none() {
+            missing.push(name);
+        }
+    }
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "the Agent Sandbox CRDs {} are not installed. Install Agent Sandbox (v1beta1 API, \
+             with its extensions: SandboxClaim, SandboxWarmPool, SandboxTemplate) and its controller \
+             first, then start the operator again",
+            missing.join(", ")
+        );
+    }
+    let deadline = Instant::now() + wait;
+    loop {
+        let mut pending = Vec::new();
+        for name in OUR_CRDS {
+            match crds.get_opt(name).await? {
+                Some(crd) if established(&crd) => {}
+                Some(_) => pending.push(format!("{name} (not established yet)")),
+                None => pending.push(format!("{name} (not installed)")),
+            }
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "CRDs not ready after {:?}: {}. Install them with `kubectl apply -k config/crd` \
+                 (or `kubectl apply -f crds/`)",
+                wait,
+                pending.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn error_policy<K>(_obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    eprintln!("harness-engine operator: reconcile failed (retrying): {error}");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Runs the three controllers until `shutdown` resolves. Call only while leading.
+pub async fn run_controllers<F>(ctx: Arc<Context>, config: &OperatorConfig, shutdown: F)
+where
+    F: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    // One shutdown signal, fanned out to the three controllers.
+    let shared = futures::FutureExt::shared(shutdown);
+    let shutdown = move || {
+        let s = shared.clone();
+        async move { s.await }
+    };
+    let client = ctx.client.clone();
+    let ns = config.namespace.as_deref();
+    let cc = controller::Config::default().concurrency(config.concurrency);
+
+    let bindings = Controller::new(api::<HarnessBinding>(&client, ns), watcher::Config::default())
+        .with_config(cc.clone());
+    let store = bindings.store();
+    let by_profile = store.clone();
+    let pod_ctx = ctx.clone();
+    let bindings = bindings
+        .owns(
+            api::<SandboxClaim>(&client, ns),
+            watcher::Config::default().labels(binding::BINDING_UID_LABEL),
+        )
+        .watches(
+            api::<SandboxProfile>(&client, ns),
+            watcher::Config::default(),
+            move |profile: SandboxProfile| {
+                let pns = profile.namespace();
+                let name = profile.name_any();
+                by_profile
+                    .state()
+                    .into_iter()
+                    .filter(move |b| {
+                        b.namespace() == pns && b.spec.sandbox_profile_ref.name == name
+                    })
+                    .map(|b| ObjectRef::from_obj(&*b))
+            },
+        )
+        .watches(
+            api::<Pod>(&client, ns),
+            watcher::Config::default(),
+            move |pod: Pod| {
+                let ns = pod.namespace().unwrap_or_default();
+                pod.metadata
+                    .owner_references
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|r| r.kind == "Sandbox" && r.controller == Some(true))
+                    .filter_map(|r| pod_ctx.binding_of_sandbox(&ns, &r.name))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown())
+        .run(binding::reconcile, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+
+    let profiles = Controller::new(api::<SandboxProfile>(&client, ns), watcher::Config::default())
+        .with_config(cc.clone())
+        .graceful_shutdown_on(shutdown())
+        .run(profile::reconcile, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+
+    let policies = Controller::new(api::<MemoryPolicy>(&client, ns), watcher::Config::default())
+        .with_config(cc)
+        .graceful_shutdown_on(shutdown())
+        .run(memory_policy::reconcile, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+
+    tokio::join!(bindings, profiles, policies);
+}
+
+/// A Kubernetes client that counts the requests it sends (for metrics and the
+/// benchmark's "API requests per binding").
+pub async fn counting_client(counter: Arc<AtomicU64>) -> anyhow::Result<Client> {
+    let config = kube::Config::infer().await?;
+    let layer = tower::layer::layer_fn(move |inner| CountRequests {
+        inner,
+        counter: counter.clone(),
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layer)
+        .build())
+}
+
+#[derive(Clone)]
+struct CountRequests<S> {
+    inner: S,
+    counter: Arc<AtomicU64>,
+}
+
+impl<S, B> tower::Service<axum::http::Request<B>> for CountRequests<S>
+where
+    S: tower::Service<axum::http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
+        self.counter.fetch_add(1, Ordering::Relaxed);
+        self.inner.call(req)
+    }
+}

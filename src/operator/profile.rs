@@ -1,0 +1,218 @@
+//! The SandboxProfile controller: resolves the warm pool and its template, checks them
+//! against the profile (UID expectation, pinned and allowed image digests, declared
+//! protocol version), and reports a Ready condition with a specific reason and the
+//! number of active leases.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{ListParams, PostParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType},
+    },
+};
+
+use super::{Context, Error};
+use crate::api::{
+    HarnessBinding, Lifecycle, SandboxProfile, SandboxProfileStatus,
+    conditions::{self, Desired, FALSE, TRUE},
+    sandbox::{self, SandboxTemplate, SandboxWarmPool},
+};
+
+/// Entry point from the controller runtime.
+pub async fn reconcile(profile: Arc<SandboxProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = apply(&profile, &ctx).await;
+    ctx.metrics
+        .observe_reconcile("sandboxprofile", &result, started.elapsed());
+    result
+}
+
+/// Why a profile is not Ready, or `Ok` with a summary.
+async fn check(
+    profile: &SandboxProfile,
+    ctx: &Context,
+) -> Result<Result<(String, Option<String>), (&'static str, String)>, Error> {
+    let ns = profile.namespace().unwrap_or_default();
+    let spec = &profile.spec;
+    if !spec.enabled {
+        return Ok(Err(("Disabled", "the profile is disabled: no new leases".into())));
+    }
+    let pool_ns = spec.warm_pool_ref.namespace.clone().unwrap_or(ns.clone());
+    if pool_ns != ns {
+        return Ok(Err((
+            "WarmPoolNamespaceMismatch",
+            format!(
+                "warm pool namespace {pool_ns} differs from the profile's namespace {ns}: claims can only use pools in their own namespace"
+            ),
+        )));
+    }
+    let pools: Api<SandboxWarmPool> = Api::namespaced(ctx.client.clone(), &ns);
+    let pool_name = &spec.warm_pool_ref.name;
+    let Some(pool) = pools.get_opt(pool_name).await? else {
+        return Ok(Err((
+            "WarmPoolNotFound",
+            format!("SandboxWarmPool {ns}/{pool_name} does not exist"),
+        )));
+    };
+    let pool_uid = pool.uid();
+    if let Some(expected) = &spec.warm_pool_ref.uid
+        && pool_uid.as_deref() != Some(expected.as_str())
+    {
+        return Ok(Err((
+            "WarmPoolUIDMismatch",
+            format!(
+                "SandboxWarmPool {pool_name} has UID {}, the profile expects {expected}: it was deleted and recreated",
+                pool_uid.clone().unwrap_or_default()
+            ),
+        )));
+    }
+    let templates: Api<SandboxTemplate> = Api::namespaced(ctx.client.clone(), &ns);
+    let template_name = &pool.spec.sandbox_template_ref.name;
+    let Some(template) = templates.get_opt(template_name).await? else {
+        return Ok(Err((
+            "TemplateNotFound",
+            format!("SandboxTemplate {ns}/{template_name} of warm pool {pool_name} does not exist"),
+        )));
+    };
+    let pod = &template.spec.pod_template;
+    for c in &pod.spec.containers {
+        let image = c.image.clone().unwrap_or_default();
+        let Some(digest) = sandbox::image_digest(&image) else {
+            return Ok(Err((
+                "ImageNotPinned",
+                format!(
+                    "container {} of SandboxTemplate {template_name} uses {image:?}: images must be pinned by sha256 digest",
+                    c.name
+                ),
+            )));
+        };
+        if !spec.allowed_worker_image_digests.iter().any(|d| d == digest) {
+            return Ok(Err((
+                "ImageNotAllowed",
+                format!(
+                    "container {} of SandboxTemplate {template_name} runs {digest}, which is not in allowedWorkerImageDigests",
+                    c.name
+                ),
+            )));
+        }
+    }
+    let declared = pod
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(sandbox::PROTOCOL_VERSION_ANNOTATION));
+    let Some(declared) = declared else {
+        return Ok(Err((
+            "ProtocolVersionMissing",
+            format!(
+                "SandboxTemplate {template_name} does not declare annotation {} on its pod template",
+                sandbox::PROTOCOL_VERSION_ANNOTATION
+            ),
+        )));
+    };
+    match declared.trim().parse::<i32>() {
+        Ok(v) if spec.worker_protocol_versions.contains(&v) => {}
+        _ => {
+            return Ok(Err((
+                "ProtocolVersionNotAllowed",
+                format!(
+                    "SandboxTemplate {template_name} declares protocol version {declared:?}; the profile allows {:?}",
+                    spec.worker_protocol_versions
+                ),
+            )));
+        }
+    }
+    Ok(Ok((
+        format!(
+            "warm pool {pool_name} (template {template_name}) matches the profile's images and protocol versions"
+        ),
+        pool_uid,
+    )))
+}
+
+async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error> {
+    let ns = profile.namespace().unwrap_or_default();
+    let verdict = check(profile, ctx).await?;
+    let bindings: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    let active = bindings
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|b| b.spec.sandbox_profile_ref.name == profile.name_any())
+        .filter(|b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.lease.is_some()
+                    && !matches!(
+                        s.lifecycle,
+                        Some(Lifecycle::Failed | Lifecycle::Releasing | Lifecycle::Hibernated)
+                    )
+            })
+        })
+        .count();
+    let mut status: SandboxProfileStatus = profile.status.clone().unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let (ok, reason, message, pool_uid) = match verdict {
+        Ok((message, uid)) => (true, "Ready", message, uid),
+        Err((reason, message)) => (false, reason, message, None),
+    };
+    let was = conditions::get(&status.conditions, "Ready").map(|c| (c.status.clone(), c.reason.clone()));
+    conditions::set(
+        &mut status.conditions,
+        Desired {
+            type_: "Ready",
+            status: if ok { TRUE } else { FALSE },
+            reason,
+            message: message.clone(),
+        },
+        profile.metadata.generation,
+        &now,
+    );
+    status.observed_generation = profile.metadata.generation;
+    if ok {
+        status.warm_pool_uid = pool_uid;
+    }
+    status.active_leases = i32::try_from(active).unwrap_or(i32::MAX);
+    if profile.status.as_ref() != Some(&status) {
+        let api: Api<SandboxProfile> = Api::namespaced(ctx.client.clone(), &ns);
+        let mut object = profile.clone();
+        object.status = Some(status);
+        object.metadata.managed_fields = None;
+        match api
+            .replace_status(
+                &profile.name_any(),
+                &PostParams {
+                    field_manager: Some(super::FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &object,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if was != Some(((if ok { TRUE } else { FALSE }).to_owned(), reason.to_owned())) {
+            ctx.publish(
+                &profile.object_ref(&()),
+                Event {
+                    type_: if ok { EventType::Normal } else { EventType::Warning },
+                    reason: reason.into(),
+                    note: Some(message),
+                    action: "Validate".into(),
+                    secondary: None,
+                },
+            )
+            .await;
+        }
+    }
+    // Lease counts drift as bindings come and go; look again now and then.
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
