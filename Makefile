@@ -28,6 +28,7 @@ fmt:
 ## crds: regenerate crds/ from src/api (a test fails when they drift).
 crds:
 	$(CARGO) run --locked --quiet -- crds --out-dir crds
+	$(CARGO) run --locked --quiet -- crds --out-dir config/crd/bases
 
 ## openapi: regenerate docs/openapi.json from the code (a test fails when it drifts).
 openapi:

@@ -124,6 +124,10 @@ struct OperatorArgs {
     /// Reconciles running at once per controller.
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// How often a Ready binding's `status.state` is refreshed from the store, in seconds
+    /// (the projection is rate-limited to this per binding).
+    #[arg(long, default_value_t = 30)]
+    state_projection_seconds: u64,
     /// How long start-up waits for our CRDs to be established, in seconds.
     #[arg(long, default_value_t = 60)]
     crd_wait_seconds: u64,
@@ -316,7 +320,7 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             concurrency: args.concurrency.max(1),
             crd_wait: Duration::from_secs(args.crd_wait_seconds),
         };
-        let ctx = Arc::new(OperatorContext::new(client.clone(), store, keyring, metrics.clone(), &identity));
+        let ctx = Arc::new(OperatorContext::new(client.clone(), store, keyring, metrics.clone(), &identity, Duration::from_secs(args.state_projection_seconds.max(1))));
         let elector = leader::Elector::new(client.clone(), config.leader.clone());
         let lost = if config.leader.enabled {
             tokio::select! {

@@ -1,11 +1,21 @@
-//! `crds/` is generated from `src/api` and committed. This fails when a CRD type changed
-//! without `make crds`, so what users install is always what the code reads.
+//! `crds/` and `config/crd/bases/` are generated from `src/api` and committed. This fails
+//! when a CRD type changed without `make crds`, so what users install is always what the
+//! code reads.
 
 use harness_engine::api::crds;
 
 #[test]
 fn committed_crds_match_the_code() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    check_dir("crds");
+}
+
+#[test]
+fn kustomize_crds_match_the_code() {
+    check_dir("config/crd/bases");
+}
+
+fn check_dir(rel: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
     let mut expected_files = Vec::new();
     for crd in crds::all() {
         let name = crds::file_name(&crd);

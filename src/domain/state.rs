@@ -6,6 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::ids::{BindingId, IdempotencyDigest, SubjectRef};
 
+/// The codec of a metadata-only reader (the operator's `status.state` projection): it
+/// matches any stored codec. Never accepted from a request (`Harness-Codec` allows only
+/// lowercase letters, digits and dashes).
+pub const ANY_CODEC: &str = "*";
+
 /// What one state operation may touch. Derived by the server from authenticated state;
 /// a caller can never widen it. Reads and writes require the exact epoch and the
 /// current lease generation of the binding's fence.

@@ -76,6 +76,8 @@ pub const WORKER_VERIFIED: &str = "WorkerVerified";
 pub const PROFILE_ACCEPTED: &str = "ProfileAccepted";
 pub const STATE_DURABLE: &str = "StateDurable";
 pub const HIBERNATED: &str = "Hibernated";
+/// True once the current lease replaced an earlier one; the reason says why.
+pub const REPLACED: &str = "Replaced";
 
 /// Entry point from the controller runtime.
 pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -234,6 +236,9 @@ impl<'a> Step<'a> {
             self.binding.clone()
         };
         let reference = self.binding.object_ref(&());
+        // Events of one reason are folded into a series per action; the generation in
+        // the action keeps each lease generation's events (and notes) apart.
+        let generation = self.status.lease.as_ref().map(|l| l.generation).unwrap_or(0);
         for (type_, reason, note) in self.events {
             ctx.publish(
                 &reference,
@@ -241,10 +246,8 @@ impl<'a> Step<'a> {
                     type_,
                     reason: reason.into(),
                     note: Some(note),
-                    action: reason.into(),
-
+                    action: format!("{reason}Generation{generation}"),
                     secondary: None,
-
                 },
             )
             .await;
@@ -524,7 +527,17 @@ async fn new_generation(
         "Claiming",
         "no worker is bound to this generation yet".into(),
     );
-    step.condition(HIBERNATED, false, reason, message.clone());
+    if !first {
+        step.condition(
+            REPLACED,
+            true,
+            reason,
+            format!("lease generation {old} -> {generation}: {message}"),
+        );
+    }
+    if conditions::get(&step.status.conditions, HIBERNATED).is_some() {
+        step.condition(HIBERNATED, false, "NotHibernated", "the lease is not hibernated".into());
+    }
     step.event(
         if first || reason == "EpochCleared" || reason == "MaxLifetimeReached" {
             EventType::Normal
@@ -878,7 +891,7 @@ async fn progress_claim(
                 ctx.metrics.bind_overhead.observe(since(&t).as_secs_f64());
             }
             ctx.index_sandbox(&ns, &sandbox_name, binding);
-            Ok(Action::requeue(next_check(lease, resolved)))
+            Ok(Action::requeue(next_check(lease, resolved, ctx)))
         }
     }
 }
@@ -962,9 +975,10 @@ fn verify_worker(
     Ok((first.unwrap_or_default(), protocol))
 }
 
-/// When to look again at a Ready lease: its expiry or idle deadline, at most a minute.
-fn next_check(lease: &Lease, resolved: &Resolved) -> Duration {
-    let mut wait = Duration::from_secs(60);
+/// When to look again at a Ready lease: its expiry or idle deadline, the next state
+/// projection, at most a minute.
+fn next_check(lease: &Lease, resolved: &Resolved, ctx: &Context) -> Duration {
+    let mut wait = Duration::from_secs(60).min(ctx.projection_interval());
     if let Some(expires) = &lease.expires_at {
         wait = wait.min(until(expires));
     }
@@ -1108,7 +1122,7 @@ async fn check_ready(
         step.status.lease = Some(next);
     }
     Ok(match step.commit(ctx).await? {
-        Some(_) => Action::requeue(next_check(lease, resolved)),
+        Some(_) => Action::requeue(next_check(lease, resolved, ctx)),
         None => conflict_retry(),
     })
 }
@@ -1235,7 +1249,7 @@ async fn project_state(step: &mut Step<'_>, ctx: &Context, id: &BindingId, force
         environment: ctx.keyring.environment().to_owned(),
         harness: step.binding.spec.harness.id.as_str().to_owned(),
         epoch: u64::try_from(step.binding.spec.epoch).unwrap_or(0),
-        codec: "projection".into(),
+        codec: crate::domain::state::ANY_CODEC.into(),
         lease_generation: step
             .status
             .lease
@@ -1394,9 +1408,7 @@ async fn cleanup(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Erro
                 reason: reason.into(),
                 note: Some(note),
                 action: reason.into(),
-
                 secondary: None,
-
             },
         )
         .await;

@@ -11,7 +11,7 @@ use std::{
     collections::HashMap,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::AtomicU64,
     },
     time::{Duration, Instant},
 };
@@ -92,7 +92,7 @@ pub struct OperatorMetrics {
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
     /// Requests this process sent to the Kubernetes API.
-    pub api_requests: Arc<AtomicU64>,
+    pub api_requests: Counter<u64, AtomicU64>,
 }
 
 impl Default for OperatorMetrics {
@@ -106,7 +106,7 @@ impl Default for OperatorMetrics {
             status_conflicts: Counter::default(),
             bind_overhead: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
-            api_requests: Arc::new(AtomicU64::new(0)),
+            api_requests: Counter::default(),
         }
     }
 }
@@ -139,6 +139,11 @@ impl OperatorMetrics {
             "bind_overhead_seconds",
             "Binding Ready minus its SandboxClaim Ready",
             self.bind_overhead.clone(),
+        );
+        r.register(
+            "kubernetes_requests",
+            "Requests this process sent to the Kubernetes API",
+            self.api_requests.clone(),
         );
         r.register(
             "leader",
@@ -180,6 +185,7 @@ impl Context {
         keyring: Keyring,
         metrics: OperatorMetrics,
         identity: &str,
+        projection_interval: Duration,
     ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
@@ -196,7 +202,7 @@ impl Context {
             recorder,
             sandboxes: Mutex::default(),
             projections: Mutex::default(),
-            projection_interval: Duration::from_secs(10),
+            projection_interval,
         }
     }
 
@@ -244,6 +250,11 @@ impl Context {
                 true
             }
         }
+    }
+
+    /// How often a Ready binding's state projection is refreshed.
+    pub fn projection_interval(&self) -> Duration {
+        self.projection_interval
     }
 
     fn forget(&self, uid: &str) {
@@ -427,7 +438,7 @@ where
 
 /// A Kubernetes client that counts the requests it sends (for metrics and the
 /// benchmark's "API requests per binding").
-pub async fn counting_client(counter: Arc<AtomicU64>) -> anyhow::Result<Client> {
+pub async fn counting_client(counter: Counter<u64, AtomicU64>) -> anyhow::Result<Client> {
     let config = kube::Config::infer().await?;
     let layer = tower::layer::layer_fn(move |inner| CountRequests {
         inner,
@@ -441,7 +452,7 @@ pub async fn counting_client(counter: Arc<AtomicU64>) -> anyhow::Result<Client> 
 #[derive(Clone)]
 struct CountRequests<S> {
     inner: S,
-    counter: Arc<AtomicU64>,
+    counter: Counter<u64, AtomicU64>,
 }
 
 impl<S, B> tower::Service<axum::http::Request<B>> for CountRequests<S>
@@ -460,7 +471,7 @@ where
     }
 
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
-        self.counter.fetch_add(1, Ordering::Relaxed);
+        self.counter.inc();
         self.inner.call(req)
     }
 }

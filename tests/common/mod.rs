@@ -3,6 +3,8 @@
 //! throw-away namespace and deletes it when done, so tests can run twice and in parallel.
 #![allow(dead_code)]
 
+pub mod operator;
+
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},

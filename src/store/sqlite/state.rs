@@ -149,7 +149,7 @@ pub(super) fn read_state(
 /// Native payloads are opaque and versioned: a scope reads and commits only state of its
 /// own adapter codec (`spec/000_fa938a4e6ac75730.txt`, "Thread-state invariants").
 fn check_codec(scope: &ScopeKey, stored: &str) -> Result<()> {
-    if stored == scope.codec {
+    if stored == scope.codec || scope.codec == crate::domain::state::ANY_CODEC {
         return Ok(());
     }
     Err(Rejection::Forbidden(format!(
