@@ -1,0 +1,324 @@
+//! `make bench-operator`: N HarnessBindings created at once on the local control plane
+//! (real API server, real Agent Sandbox controller, kwok), against a real
+//! `harness-engine operator` process (release build).
+//!
+//! Prints: time until all are Ready; p50/p99 of our own overhead (the binding seen Ready
+//! minus its SandboxClaim seen Ready, both observed by watches in this process, so the
+//! watch delay cancels out); Kubernetes API requests the operator sent per binding (its
+//! own request counter, from `/metrics`); operator resident memory with all N bound.
+//! Writes the same figures as flat JSON to `target/bench/operator.json`.
+//!
+//! `cargo bench --bench operator` creates 500 bindings; without `--bench` (as
+//! `cargo test --all-targets` runs it) it creates 5. Targets: overhead p50 <= 50 ms,
+//! p99 <= 250 ms; RSS <= 100 MiB at 500 bindings.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::operator::{Operator, OperatorOptions};
+use futures::StreamExt;
+use harness_engine::{
+    api::{HarnessBinding, conditions, sandbox::SandboxClaim},
+    operator::binding::BINDING_UID_LABEL,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{PostParams, ListParams},
+    runtime::watcher,
+};
+use serde_json::json;
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let n: usize = std::env::var("HARNESS_BENCH_BINDINGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 500 } else { 5 });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    runtime.block_on(run(n, full));
+}
+
+#[derive(Default)]
+struct Seen {
+    /// binding UID -> when its claim was first seen Ready.
+    claim_ready: HashMap<String, Instant>,
+    /// binding name -> (uid, when first seen Ready).
+    binding_ready: HashMap<String, (String, Instant)>,
+}
+
+async fn run(n: usize, full: bool) {
+    let client = common::client().await;
+    common::install_our_crds(&client).await;
+    let ns = common::TestNamespace::new(&client, "bench-op").await;
+    for file in [
+        "worker_service_account.yaml",
+        "sandbox_template.yaml",
+        "sandbox_warm_pool.yaml",
+        "sandbox_profile.yaml",
+    ] {
+        let path = common::repo_path(&format!("config/samples/{file}"));
+        let (ok, out, err) =
+            common::kubectl(&["apply", "-f", path.to_str().unwrap_or(""), "-n", &ns.name]);
+        assert!(ok, "{file}: {out}{err}");
+    }
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let mut op = Operator::start(OperatorOptions {
+        namespace: &ns.name,
+        data_dir: &scratch.path().join("data"),
+        leader_lease_seconds: Some(15),
+        extra: vec![],
+    });
+    let http = reqwest::Client::new();
+    // Wait for the profile to be accepted before the clock starts.
+    let profiles: Api<harness_engine::api::SandboxProfile> =
+        Api::namespaced(client.clone(), &ns.name);
+    common::eventually(Duration::from_secs(60), "profile Ready", || async {
+        let p = profiles.get("python-worker").await.ok()?;
+        conditions::is_true(&p.status?.conditions, "Ready").then_some(())
+    })
+    .await;
+    let requests_before = kube_requests(&http, &op).await;
+
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), &ns.name);
+    let bindings: Api<HarnessBinding> = Api::namespaced(client.clone(), &ns.name);
+    let claim_watch = {
+        let seen = seen.clone();
+        let stream = watcher(claims, watcher::Config::default().labels(BINDING_UID_LABEL));
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) = event else {
+                    continue;
+                };
+                let ready = c
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| harness_engine::api::sandbox::is_ready(&s.conditions));
+                if let (true, Some(uid)) = (ready, c.labels().get(BINDING_UID_LABEL)) {
+                    seen.lock()
+                        .unwrap()
+                        .claim_ready
+                        .entry(uid.clone())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+    let binding_watch = {
+        let seen = seen.clone();
+        let stream = watcher(bindings.clone(), watcher::Config::default());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let Ok(watcher::Event::Apply(b) | watcher::Event::InitApply(b)) = event else {
+                    continue;
+                };
+                let ready = b
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| conditions::is_true(&s.conditions, "Ready"));
+                if ready {
+                    seen.lock()
+                        .unwrap()
+                        .binding_ready
+                        .entry(b.name_any())
+                        .or_insert_with(|| (b.uid().unwrap_or_default(), Instant::now()));
+                }
+            }
+        })
+    };
+
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let bindings = bindings.clone();
+            async move {
+                let b: HarnessBinding = serde_json::from_value(json!({
+                    "apiVersion": "harness-engine.dev/v1alpha1", "kind": "HarnessBinding",
+                    "metadata": {"name": format!("b-{i:04}")},
+                    "spec": {
+                        "agentId": "bench-agent",
+                        "conversationId": format!("conv-{i:04}"),
+                        "subjectRef": format!("hmac-sha256:{:064x}", i + 1),
+                        "harness": {"id": "deepagents"},
+                        "sandboxProfileRef": {"name": "python-worker"}
+                    }
+                }))
+                .expect("binding");
+                bindings
+                    .create(&PostParams::default(), &b)
+                    .await
+                    .expect("create binding");
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let created_in = started.elapsed();
+
+    let timeout = Duration::from_secs(if full { 1500 } else { 180 });
+    loop {
+        let ready = seen.lock().unwrap().binding_ready.len();
+        if ready >= n {
+            break;
+        }
+        if started.elapsed() > timeout {
+            panic!(
+                "only {ready} of {n} bindings Ready after {timeout:?}; operator log tail:\n{}",
+                tail(&op.log_text(), 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all_ready = started.elapsed();
+    // Let the last claim events arrive before reading the claim times.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let requests = kube_requests(&http, &op).await.saturating_sub(requests_before);
+    let rss = rss_mib(op.pid());
+    claim_watch.abort();
+    binding_watch.abort();
+
+    let (mut overhead, missing) = {
+        let seen = seen.lock().unwrap();
+        let mut out = Vec::new();
+        let mut missing = 0;
+        for (uid, at) in seen.binding_ready.values() {
+            match seen.claim_ready.get(uid) {
+                Some(claim_at) => out.push(at.saturating_duration_since(*claim_at).as_secs_f64() * 1000.0),
+                None => missing += 1,
+            }
+        }
+        (out, missing)
+    };
+    overhead.sort_by(f64::total_cmp);
+    let p50 = percentile(&overhead, 0.50);
+    let p99 = percentile(&overhead, 0.99);
+    let per_binding = requests as f64 / n as f64;
+
+    println!();
+    println!(
+        "operator bench ({}): {n} HarnessBindings created at once (32 in flight), embedded store",
+        if full { "full" } else { "smoke" }
+    );
+    println!("{:<44} {:>12}", "figure", "value");
+    println!("{:<44} {:>12.2}", "create calls done (s)", created_in.as_secs_f64());
+    println!("{:<44} {:>12.2}", "all Ready (s)", all_ready.as_secs_f64());
+    println!("{:<44} {:>12.1}", "overhead p50 (ms, binding - claim Ready)", p50);
+    println!("{:<44} {:>12.1}", "overhead p99 (ms)", p99);
+    println!("{:<44} {:>12.1}", "overhead max (ms)", overhead.last().copied().unwrap_or(0.0));
+    println!("{:<44} {:>12.1}", "Kubernetes API requests per binding", per_binding);
+    println!("{:<44} {:>12.1}", "operator RSS (MiB)", rss);
+    if missing > 0 {
+        println!("({missing} bindings had no claim Ready event observed: excluded)");
+    }
+    if full {
+        println!(
+            "targets: overhead p50 <= 50 ms [{}], p99 <= 250 ms [{}], RSS <= 100 MiB [{}]",
+            verdict(p50 <= 50.0),
+            verdict(p99 <= 250.0),
+            verdict(rss <= 100.0)
+        );
+    }
+    let mut out = serde_json::Map::new();
+    out.insert("mode".into(), (if full { "full" } else { "smoke" }).into());
+    out.insert("bindings".into(), n.into());
+    out.insert("create_seconds".into(), created_in.as_secs_f64().into());
+    out.insert("all_ready_seconds".into(), all_ready.as_secs_f64().into());
+    out.insert("overhead_p50_ms".into(), p50.into());
+    out.insert("overhead_p99_ms".into(), p99.into());
+    out.insert(
+        "overhead_max_ms".into(),
+        overhead.last().copied().unwrap_or(0.0).into(),
+    );
+    out.insert("api_requests_per_binding".into(), per_binding.into());
+    out.insert("operator_rss_mib".into(), rss.into());
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("operator.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap_or_default())
+        .expect("write json");
+    println!("wrote {}", path.display());
+    assert_eq!(overhead.len() + missing, n);
+
+    // Leave nothing behind: the operator goes, then the bindings lose their finalizer
+    // and the namespace (claims, sandboxes, pods) is deleted with them.
+    op.stop();
+    let names: Vec<String> = bindings
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items.iter().map(|b| b.name_any()).collect())
+        .unwrap_or_default();
+    futures::stream::iter(names)
+        .map(|name| {
+            let bindings = bindings.clone();
+            async move {
+                let _ = bindings
+                    .patch(
+                        &name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    drop(ns);
+}
+
+async fn kube_requests(http: &reqwest::Client, op: &Operator) -> u64 {
+    let text = http
+        .get(format!("{}/metrics", op.admin))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with("harness_engine_operator_kubernetes_requests_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .expect("the operator exports its Kubernetes request counter")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "MISSED" }
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
