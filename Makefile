@@ -63,11 +63,18 @@ e2e-up: e2e-build
 e2e-down:
 	$(E2E)/down.sh
 
-## dev: local control plane up (target/e2e) with our CRDs installed.
+## dev: the operator on the embedded store against the local control plane (target/e2e):
+## CRDs installed, samples applied in namespace `dev`, operator in the foreground (Ctrl-C
+## stops it; `make e2e-down` stops the control plane).
 dev: e2e-up
-	@source target/e2e/env && $$HARNESS_E2E_BIN/kubectl apply --server-side -f crds/ && \
-	  $$HARNESS_E2E_BIN/kubectl wait --for=condition=Established --timeout=60s -f crds/ && \
-	  echo "control plane up; export KUBECONFIG=$(CURDIR)/target/e2e/kubeconfig (stop it with: make e2e-down)"
+	$(CARGO) build --locked
+	@source target/e2e/env && $$HARNESS_E2E_BIN/kubectl apply --server-side -f crds/ >/dev/null && \
+	  $$HARNESS_E2E_BIN/kubectl wait --for=condition=Established --timeout=60s -f crds/ >/dev/null && \
+	  ($$HARNESS_E2E_BIN/kubectl get namespace dev >/dev/null 2>&1 || $$HARNESS_E2E_BIN/kubectl create namespace dev) && \
+	  $$HARNESS_E2E_BIN/kubectl apply -k config/samples -n dev && \
+	  echo "control plane up: export KUBECONFIG=$(CURDIR)/target/e2e/kubeconfig; try: kubectl get harnessbindings -n dev" && \
+	  $${CARGO_TARGET_DIR:-target}/debug/harness-engine operator --namespace dev --no-leader-election \
+	    --listen 127.0.0.1:8080 --admin-listen 127.0.0.1:8081 --data-dir target/dev-data --environment dev
 
 clean-e2e:
 	$(E2E)/down.sh --purge

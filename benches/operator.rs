@@ -30,7 +30,7 @@ use harness_engine::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{PostParams, ListParams},
+    api::{ListParams, PostParams},
     runtime::watcher,
 };
 use serde_json::json;
@@ -185,7 +185,9 @@ async fn run(n: usize, full: bool) {
     let all_ready = started.elapsed();
     // Let the last claim events arrive before reading the claim times.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let requests = kube_requests(&http, &op).await.saturating_sub(requests_before);
+    let requests = kube_requests(&http, &op)
+        .await
+        .saturating_sub(requests_before);
     let rss = rss_mib(op.pid());
     claim_watch.abort();
     binding_watch.abort();
@@ -196,7 +198,9 @@ async fn run(n: usize, full: bool) {
         let mut missing = 0;
         for (uid, at) in seen.binding_ready.values() {
             match seen.claim_ready.get(uid) {
-                Some(claim_at) => out.push(at.saturating_duration_since(*claim_at).as_secs_f64() * 1000.0),
+                Some(claim_at) => {
+                    out.push(at.saturating_duration_since(*claim_at).as_secs_f64() * 1000.0)
+                }
                 None => missing += 1,
             }
         }
@@ -213,12 +217,26 @@ async fn run(n: usize, full: bool) {
         if full { "full" } else { "smoke" }
     );
     println!("{:<44} {:>12}", "figure", "value");
-    println!("{:<44} {:>12.2}", "create calls done (s)", created_in.as_secs_f64());
+    println!(
+        "{:<44} {:>12.2}",
+        "create calls done (s)",
+        created_in.as_secs_f64()
+    );
     println!("{:<44} {:>12.2}", "all Ready (s)", all_ready.as_secs_f64());
-    println!("{:<44} {:>12.1}", "overhead p50 (ms, binding - claim Ready)", p50);
+    println!(
+        "{:<44} {:>12.1}",
+        "overhead p50 (ms, binding - claim Ready)", p50
+    );
     println!("{:<44} {:>12.1}", "overhead p99 (ms)", p99);
-    println!("{:<44} {:>12.1}", "overhead max (ms)", overhead.last().copied().unwrap_or(0.0));
-    println!("{:<44} {:>12.1}", "Kubernetes API requests per binding", per_binding);
+    println!(
+        "{:<44} {:>12.1}",
+        "overhead max (ms)",
+        overhead.last().copied().unwrap_or(0.0)
+    );
+    println!(
+        "{:<44} {:>12.1}",
+        "Kubernetes API requests per binding", per_binding
+    );
     println!("{:<44} {:>12.1}", "operator RSS (MiB)", rss);
     if missing > 0 {
         println!("({missing} bindings had no claim Ready event observed: excluded)");
@@ -247,8 +265,11 @@ async fn run(n: usize, full: bool) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&dir);
     let path = dir.join("operator.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap_or_default())
-        .expect("write json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&out).unwrap_or_default(),
+    )
+    .expect("write json");
     println!("wrote {}", path.display());
     assert_eq!(overhead.len() + missing, n);
 

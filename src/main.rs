@@ -238,9 +238,12 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
 
         std::fs::create_dir_all(&args.data_dir)
             .with_context(|| format!("creating {}", args.data_dir.display()))?;
-        let (keyring, key_file, created) =
-            local::identity_key(&args.data_dir, args.identity_key_file.clone(), &args.environment)
-                .context("loading the identity key")?;
+        let (keyring, key_file, created) = local::identity_key(
+            &args.data_dir,
+            args.identity_key_file.clone(),
+            &args.environment,
+        )
+        .context("loading the identity key")?;
         let limits = Limits::default();
         let store: Arc<dyn Store> = match &args.mongodb_uri {
             Some(uri) => Arc::new(
@@ -269,19 +272,41 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             ServerConfig::new(limits),
             server_metrics,
         );
-        let api = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-        let admin_listener = tokio::net::TcpListener::bind(args.admin_listen).await.with_context(|| format!("binding {}", args.admin_listen))?;
+        let api = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
+            .await
+            .with_context(|| format!("binding {}", args.admin_listen))?;
         let hostname = std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))
             .unwrap_or_else(|_| "harness-engine".into());
         let identity = format!("{hostname}_{:08x}", rand::random::<u32>());
         {
             let mut out = std::io::stdout().lock();
-            writeln!(out, "harness-engine operator {}: environment {}, identity {identity}", env!("CARGO_PKG_VERSION"), keyring.environment())?;
-            writeln!(out, "identity key: {}{}", key_file.display(), if created { " (created)" } else { "" })?;
+            writeln!(
+                out,
+                "harness-engine operator {}: environment {}, identity {identity}",
+                env!("CARGO_PKG_VERSION"),
+                keyring.environment()
+            )?;
+            writeln!(
+                out,
+                "identity key: {}{}",
+                key_file.display(),
+                if created { " (created)" } else { "" }
+            )?;
             writeln!(out, "api: http://{}", api.local_addr()?)?;
-            writeln!(out, "admin: http://{} (/live /ready /metrics)", admin_listener.local_addr()?)?;
-            writeln!(out, "watching: {}", args.namespace.as_deref().unwrap_or("all namespaces"))?;
+            writeln!(
+                out,
+                "admin: http://{} (/live /ready /metrics)",
+                admin_listener.local_addr()?
+            )?;
+            writeln!(
+                out,
+                "watching: {}",
+                args.namespace.as_deref().unwrap_or("all namespaces")
+            )?;
             out.flush()?;
         }
 
@@ -320,7 +345,14 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             concurrency: args.concurrency.max(1),
             crd_wait: Duration::from_secs(args.crd_wait_seconds),
         };
-        let ctx = Arc::new(OperatorContext::new(client.clone(), store, keyring, metrics.clone(), &identity, Duration::from_secs(args.state_projection_seconds.max(1))));
+        let ctx = Arc::new(OperatorContext::new(
+            client.clone(),
+            store,
+            keyring,
+            metrics.clone(),
+            &identity,
+            Duration::from_secs(args.state_projection_seconds.max(1)),
+        ));
         let elector = leader::Elector::new(client.clone(), config.leader.clone());
         let lost = if config.leader.enabled {
             tokio::select! {
@@ -330,7 +362,10 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                     return Ok(());
                 }
             }
-            println!("leading: lease {}/{}", config.leader.namespace, config.leader.name);
+            println!(
+                "leading: lease {}/{}",
+                config.leader.namespace, config.leader.name
+            );
             metrics.leader.set(1);
             tokio::select! {
                 () = operator::run_controllers(ctx, &config, stopped()) => false,
@@ -343,12 +378,17 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         };
         metrics.leader.set(0);
         if lost {
-            anyhow::bail!("lost the leader lease: exiting so a supervisor restarts this replica as a follower");
+            anyhow::bail!(
+                "lost the leader lease: exiting so a supervisor restarts this replica as a follower"
+            );
         }
         if config.leader.enabled {
             elector.release().await;
         }
-        data_plane.await.context("data plane task")?.context("serving")?;
+        data_plane
+            .await
+            .context("data plane task")?
+            .context("serving")?;
         eprintln!("harness-engine operator: stopped");
         Ok(())
     })

@@ -21,8 +21,7 @@ use common::{
 use futures::StreamExt;
 use harness_engine::{
     api::{
-        HarnessBinding, Lifecycle, SandboxProfile,
-        conditions,
+        HarnessBinding, Lifecycle, SandboxProfile, conditions,
         sandbox::{Sandbox, SandboxClaim},
     },
     operator::binding::{BINDING_UID_LABEL, RESUME_ANNOTATION},
@@ -230,8 +229,15 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
         "{lease:?}"
     );
     assert_eq!(lease.protocol_version, Some(1));
-    let binding_id = b.labels().get(BINDING_ID_LABEL).cloned().expect("binding-id label");
-    assert_eq!(fx.live_claims(&b).await, vec![lease.claim_name.clone().unwrap()]);
+    let binding_id = b
+        .labels()
+        .get(BINDING_ID_LABEL)
+        .cloned()
+        .expect("binding-id label");
+    assert_eq!(
+        fx.live_claims(&b).await,
+        vec![lease.claim_name.clone().unwrap()]
+    );
     let claim = fx
         .claims()
         .get(lease.claim_name.as_deref().unwrap())
@@ -310,13 +316,20 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
     let mut projected = false;
     for _ in 0..150 {
         let b = fx.binding().await;
-        if b.status.and_then(|s| s.state).is_some_and(|s| s.durable_revision == 1) {
+        if b.status
+            .and_then(|s| s.state)
+            .is_some_and(|s| s.durable_revision == 1)
+        {
             projected = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(projected, "status.state never reached revision 1; operator log:\n{}", op.log_text());
+    assert!(
+        projected,
+        "status.state never reached revision 1; operator log:\n{}",
+        op.log_text()
+    );
 
     // `kubectl describe` tells the whole story.
     let text = fx.describe();
@@ -420,7 +433,10 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
     let sb = fx.sandboxes().get(&sb_name).await.expect("sandbox");
     assert_eq!(sb.spec.operating_mode.as_deref(), Some("Running"));
     let text = fx.describe();
-    assert!(text.contains("Hibernated") && text.contains("Resuming"), "{text}");
+    assert!(
+        text.contains("Hibernated") && text.contains("Resuming"),
+        "{text}"
+    );
 
     // Delete: the claim is released, the sandbox goes with it, nothing is orphaned.
     fx.bindings()
@@ -428,7 +444,12 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
         .await
         .expect("delete binding");
     eventually(Duration::from_secs(60), "binding gone", || async {
-        fx.bindings().get_opt(BINDING).await.ok()?.is_none().then_some(())
+        fx.bindings()
+            .get_opt(BINDING)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await;
     eventually(Duration::from_secs(60), "no claims left", || async {
@@ -441,9 +462,18 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
             .then_some(())
     })
     .await;
-    eventually(Duration::from_secs(60), "the leased sandbox gone", || async {
-        fx.sandboxes().get_opt(&sb_name).await.ok()?.is_none().then_some(())
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the leased sandbox gone",
+        || async {
+            fx.sandboxes()
+                .get_opt(&sb_name)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     op.stop();
 }
@@ -614,14 +644,20 @@ async fn a_profile_whose_pool_runs_an_unlisted_image_is_not_ready_and_says_why()
     })
     .await;
     assert_eq!(cond.reason, "ImageNotAllowed", "{cond:?}");
-    assert!(cond.message.contains("not in allowedWorkerImageDigests"), "{cond:?}");
+    assert!(
+        cond.message.contains("not in allowedWorkerImageDigests"),
+        "{cond:?}"
+    );
     let b = eventually(Duration::from_secs(60), "binding refused", || async {
         let b = fx.binding().await;
         let c = conditions::get(&b.status.clone()?.conditions, "ProfileAccepted")?.clone();
         (c.status == "False").then_some(b)
     })
     .await;
-    assert!(b.status.unwrap().lease.is_none(), "no claim without an accepted profile");
+    assert!(
+        b.status.unwrap().lease.is_none(),
+        "no claim without an accepted profile"
+    );
     assert!(fx.live_claims(&fx.binding().await).await.is_empty());
 
     // Fixing the profile lets the binding through, without touching the binding.

@@ -142,8 +142,11 @@ pub fn is_ready(conditions: &[Condition]) -> bool {
 pub fn image_digest(image: &str) -> Option<&str> {
     let (_, digest) = image.rsplit_once('@')?;
     let hex = digest.strip_prefix("sha256:")?;
-    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
-        .then_some(digest)
+    (hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+    .then_some(digest)
 }
 
 #[cfg(test)]

@@ -84,7 +84,11 @@ impl Keyring {
     /// The binding id of a conversation: deterministic for (environment, subject, agent,
     /// conversation), opaque to anyone without the key.
     pub fn binding_id(&self, subject: &str, agent_id: &str, conversation_id: &str) -> BindingId {
-        self.binding_id_for_ref(self.subject_ref(subject).as_str(), agent_id, conversation_id)
+        self.binding_id_for_ref(
+            self.subject_ref(subject).as_str(),
+            agent_id,
+            conversation_id,
+        )
     }
 
     /// The binding id from the subject's keyed reference (what a `HarnessBinding` holds

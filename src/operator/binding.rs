@@ -39,7 +39,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::{Context, Error, telemetry_span};
+use super::{Context, Error};
 use crate::{
     api::{
         HarnessBinding, HarnessBindingStatus, Lease, Lifecycle, SandboxProfile, StateProjection,
@@ -81,7 +81,6 @@ pub const REPLACED: &str = "Replaced";
 
 /// Entry point from the controller runtime.
 pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let _span = telemetry_span("sandbox.claim_or_reuse", &binding);
     let started = std::time::Instant::now();
     let ns = binding.namespace().unwrap_or_default();
     let api: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
@@ -112,10 +111,7 @@ fn now() -> Time {
 }
 
 fn time_plus(t: &Time, d: Duration) -> Time {
-    Time(
-        t.0.checked_add(jiff_span(d))
-            .unwrap_or(Timestamp::MAX),
-    )
+    Time(t.0.checked_add(jiff_span(d)).unwrap_or(Timestamp::MAX))
 }
 
 fn jiff_span(d: Duration) -> k8s_openapi::jiff::SignedDuration {
@@ -238,7 +234,12 @@ impl<'a> Step<'a> {
         let reference = self.binding.object_ref(&());
         // Events of one reason are folded into a series per action; the generation in
         // the action keeps each lease generation's events (and notes) apart.
-        let generation = self.status.lease.as_ref().map(|l| l.generation).unwrap_or(0);
+        let generation = self
+            .status
+            .lease
+            .as_ref()
+            .map(|l| l.generation)
+            .unwrap_or(0);
         for (type_, reason, note) in self.events {
             ctx.publish(
                 &reference,
@@ -259,9 +260,9 @@ impl<'a> Step<'a> {
 async fn apply(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Error> {
     let ns = binding.namespace().unwrap_or_default();
     let spec = &binding.spec;
-    let id = ctx
-        .keyring
-        .binding_id_for_ref(&spec.subject_ref, &spec.agent_id, &spec.conversation_id);
+    let id =
+        ctx.keyring
+            .binding_id_for_ref(&spec.subject_ref, &spec.agent_id, &spec.conversation_id);
 
     // The worker authenticator finds the store binding through this label.
     if binding.labels().get(BINDING_ID_LABEL).map(String::as_str) != Some(id.as_str()) {
@@ -480,7 +481,12 @@ async fn new_generation(
     reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
-    let old = step.status.lease.as_ref().map(|l| l.generation).unwrap_or(0);
+    let old = step
+        .status
+        .lease
+        .as_ref()
+        .map(|l| l.generation)
+        .unwrap_or(0);
     // Never below what the store already fences (a data-plane bind starts at 1).
     let fenced = ctx
         .store
@@ -536,7 +542,12 @@ async fn new_generation(
         );
     }
     if conditions::get(&step.status.conditions, HIBERNATED).is_some() {
-        step.condition(HIBERNATED, false, "NotHibernated", "the lease is not hibernated".into());
+        step.condition(
+            HIBERNATED,
+            false,
+            "NotHibernated",
+            "the lease is not hibernated".into(),
+        );
     }
     step.event(
         if first || reason == "EpochCleared" || reason == "MaxLifetimeReached" {
@@ -560,7 +571,14 @@ async fn new_generation(
         .and_then(|s| s.lease.clone())
         .unwrap_or_default();
     let _ = binding;
-    Box::pin(progress_claim(Step::new(&written), ctx, id, resolved, &lease)).await
+    Box::pin(progress_claim(
+        Step::new(&written),
+        ctx,
+        id,
+        resolved,
+        &lease,
+    ))
+    .await
 }
 
 /// Steps 2–5: fence, release older claims, claim, verify, mark ready.
@@ -626,7 +644,10 @@ async fn progress_claim(
             claim.metadata.namespace = Some(ns.clone());
             claim.metadata.labels = Some(BTreeMap::from([
                 (BINDING_UID_LABEL.to_owned(), uid.clone()),
-                (BINDING_NAME_LABEL.to_owned(), truncate_label(&binding.name_any())),
+                (
+                    BINDING_NAME_LABEL.to_owned(),
+                    truncate_label(&binding.name_any()),
+                ),
                 (GENERATION_LABEL.to_owned(), lease.generation.to_string()),
             ]));
             claim.metadata.owner_references = Some(vec![OwnerReference {
@@ -704,7 +725,10 @@ async fn progress_claim(
         .map(|s| s.name.clone())
         .filter(|n| !n.is_empty());
     let verdict = if claim.meta().deletion_timestamp.is_some() {
-        Err(("ClaimDeleting", format!("SandboxClaim {name} is being deleted")))
+        Err((
+            "ClaimDeleting",
+            format!("SandboxClaim {name} is being deleted"),
+        ))
     } else if !claim_ready || sandbox_name.is_none() {
         let why = claim
             .status
@@ -755,7 +779,10 @@ async fn progress_claim(
         let Some(sb) = sandboxes.get_opt(&sandbox_name).await? else {
             return Ok::<_, Error>(Err(format!("Sandbox {sandbox_name} not found")));
         };
-        if !controlled_by_uid(sb.meta().owner_references.as_deref(), claim.uid().as_deref()) {
+        if !controlled_by_uid(
+            sb.meta().owner_references.as_deref(),
+            claim.uid().as_deref(),
+        ) {
             return Ok(Err(format!(
                 "Sandbox {sandbox_name} is not controlled by SandboxClaim {name}"
             )));
@@ -774,10 +801,14 @@ async fn progress_claim(
             .cloned()
             .unwrap_or_else(|| sandbox_name.clone());
         let Some(pod) = pods.get_opt(&pod_name).await? else {
-            return Ok(Err(format!("pod {pod_name} of Sandbox {sandbox_name} not found")));
+            return Ok(Err(format!(
+                "pod {pod_name} of Sandbox {sandbox_name} not found"
+            )));
         };
-        if !controlled_by_uid(pod.metadata.owner_references.as_deref(), sb.uid().as_deref())
-            || pod.metadata.deletion_timestamp.is_some()
+        if !controlled_by_uid(
+            pod.metadata.owner_references.as_deref(),
+            sb.uid().as_deref(),
+        ) || pod.metadata.deletion_timestamp.is_some()
         {
             return Ok(Err(format!(
                 "pod {pod_name} is not a live pod of Sandbox {sandbox_name}"
@@ -809,7 +840,6 @@ async fn progress_claim(
     };
 
     // 5. Verify the worker against the profile before it may take a turn.
-    let _bind_span = telemetry_span("sandbox.worker.bind", binding);
     match verify_worker(&pod, &resolved.profile) {
         Err((reason, message)) => {
             step.lifecycle(Lifecycle::Failed);
@@ -824,7 +854,10 @@ async fn progress_claim(
                 READY,
                 false,
                 "WorkerRejected",
-                format!("the worker of lease generation {} was rejected: {message}", lease.generation),
+                format!(
+                    "the worker of lease generation {} was rejected: {message}",
+                    lease.generation
+                ),
             );
             if step.binding.status.as_ref().and_then(|s| s.lifecycle) != Some(Lifecycle::Failed) {
                 step.event(EventType::Warning, reason, message);
@@ -1064,7 +1097,11 @@ async fn check_ready(
         step.event(EventType::Warning, reason, message.clone());
         return new_generation(step, ctx, id, resolved, reason, message).await;
     }
-    if lease.expires_at.as_ref().is_some_and(|t| until(t).is_zero()) {
+    if lease
+        .expires_at
+        .as_ref()
+        .is_some_and(|t| until(t).is_zero())
+    {
         return new_generation(
             step,
             ctx,
@@ -1118,7 +1155,13 @@ async fn check_ready(
     let mut next = lease.clone();
     next.last_seen_at = Some(last_active);
     // Only a change a reader would notice is written (last_seen moves with commits).
-    if step.status.lease.as_ref().and_then(|l| l.last_seen_at.clone()) != next.last_seen_at {
+    if step
+        .status
+        .lease
+        .as_ref()
+        .and_then(|l| l.last_seen_at.clone())
+        != next.last_seen_at
+    {
         step.status.lease = Some(next);
     }
     Ok(match step.commit(ctx).await? {
@@ -1208,9 +1251,8 @@ async fn maybe_resume(
     next.expires_at = Some(time_plus(&step.now, resolved.max_lifetime));
     step.status.lease = Some(next.clone());
     step.lifecycle(Lifecycle::Claiming);
-    let message = format!(
-        "resuming Sandbox {sb_name} at lease generation {generation} (bind requested)"
-    );
+    let message =
+        format!("resuming Sandbox {sb_name} at lease generation {generation} (bind requested)");
     step.condition(HIBERNATED, false, "Resumed", message.clone());
     step.condition(READY, false, "Resuming", message.clone());
     step.condition(SANDBOX_READY, false, "Resuming", message.clone());
@@ -1230,12 +1272,24 @@ async fn maybe_resume(
             &Patch::Merge(json!({"spec": {"operatingMode": "Running"}})),
         )
         .await?;
-    Box::pin(progress_claim(Step::new(&written), ctx, id, resolved, &next)).await
+    Box::pin(progress_claim(
+        Step::new(&written),
+        ctx,
+        id,
+        resolved,
+        &next,
+    ))
+    .await
 }
 
 /// Projects the durable head into `status.state` (rate-limited per binding unless
 /// `force`). Returns the head's commit time, for idleness.
-async fn project_state(step: &mut Step<'_>, ctx: &Context, id: &BindingId, force: bool) -> Option<Time> {
+async fn project_state(
+    step: &mut Step<'_>,
+    ctx: &Context,
+    id: &BindingId,
+    force: bool,
+) -> Option<Time> {
     let uid = step.binding.uid().unwrap_or_default();
     if !force && !ctx.projection_due(&uid) {
         return step
@@ -1266,7 +1320,9 @@ async fn project_state(step: &mut Step<'_>, ctx: &Context, id: &BindingId, force
     };
     match head {
         Some(head) => {
-            let committed_at = Timestamp::from_millisecond(head.committed_at_ms).ok().map(Time);
+            let committed_at = Timestamp::from_millisecond(head.committed_at_ms)
+                .ok()
+                .map(Time);
             let status = match head.durability {
                 Durability::Committed => DurabilityStatus::Committed,
                 Durability::Uncertain => DurabilityStatus::Uncertain,
@@ -1340,10 +1396,7 @@ async fn release_claims(
         if claim.meta().deletion_timestamp.is_some() {
             continue;
         }
-        match claims
-            .delete(&name, &DeleteParams::background())
-            .await
-        {
+        match claims.delete(&name, &DeleteParams::background()).await {
             Ok(_) => step.event(
                 EventType::Normal,
                 "ClaimReleased",
@@ -1360,11 +1413,16 @@ async fn release_claims(
 async fn cleanup(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Error> {
     let ns = binding.namespace().unwrap_or_default();
     let spec = &binding.spec;
-    let id = ctx
-        .keyring
-        .binding_id_for_ref(&spec.subject_ref, &spec.agent_id, &spec.conversation_id);
+    let id =
+        ctx.keyring
+            .binding_id_for_ref(&spec.subject_ref, &spec.agent_id, &spec.conversation_id);
     let mut step = Step::new(binding);
-    let generation = step.status.lease.as_ref().map(|l| l.generation).unwrap_or(0);
+    let generation = step
+        .status
+        .lease
+        .as_ref()
+        .map(|l| l.generation)
+        .unwrap_or(0);
     if step.status.lifecycle != Some(Lifecycle::Releasing) {
         step.lifecycle(Lifecycle::Releasing);
         step.condition(
@@ -1384,7 +1442,13 @@ async fn cleanup(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Erro
         });
     }
     // Revoke: the last worker's generation is fenced out of the store.
-    if ctx.store.get_binding(&id).await.map_err(store_err)?.is_some() {
+    if ctx
+        .store
+        .get_binding(&id)
+        .await
+        .map_err(store_err)?
+        .is_some()
+    {
         let epoch = u64::try_from(spec.epoch).unwrap_or(0);
         match ctx
             .store
@@ -1416,7 +1480,12 @@ async fn cleanup(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Erro
     if remaining > 0 {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
-    if let Some(sb) = step.status.lease.as_ref().and_then(|l| l.sandbox_name.clone()) {
+    if let Some(sb) = step
+        .status
+        .lease
+        .as_ref()
+        .and_then(|l| l.sandbox_name.clone())
+    {
         ctx.unindex_sandbox(&ns, &sb);
     }
     ctx.forget(&binding.uid().unwrap_or_default());
@@ -1438,7 +1507,11 @@ fn controlled_by_uid(refs: Option<&[OwnerReference]>, uid: Option<&str>) -> bool
 }
 
 fn truncate_label(v: &str) -> String {
-    v.chars().take(63).collect::<String>().trim_end_matches(['-', '.', '_']).to_owned()
+    v.chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches(['-', '.', '_'])
+        .to_owned()
 }
 
 #[allow(dead_code)]

@@ -80,12 +80,12 @@ impl Elector {
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let ours = holder == self.config.identity;
         let expired = {
-            let duration = SignedDuration::from_secs(i64::from(
-                spec.lease_duration_seconds.unwrap_or(15),
-            ));
-            spec.renew_time
-                .as_ref()
-                .is_none_or(|t| t.0.checked_add(duration).is_ok_and(|end| end < Timestamp::now()))
+            let duration =
+                SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
+            spec.renew_time.as_ref().is_none_or(|t| {
+                t.0.checked_add(duration)
+                    .is_ok_and(|end| end < Timestamp::now())
+            })
         };
         if !ours && !holder.is_empty() && !expired {
             return Ok(false);
@@ -94,7 +94,11 @@ impl Elector {
         let mut next = lease.clone();
         next.spec = Some(self.spec(
             transitions,
-            if ours { spec.acquire_time.clone() } else { None },
+            if ours {
+                spec.acquire_time.clone()
+            } else {
+                None
+            },
         ));
         match self
             .api

@@ -42,14 +42,13 @@ pub fn validate(policy: &MemoryPolicy) -> Result<String, (&'static str, String)>
     let selector = &spec.agent_selector;
     let all = selector.all_agents.unwrap_or(false);
     let ids = selector.agent_ids.clone().unwrap_or_default();
-    if all == !ids.is_empty() {
+    if all != ids.is_empty() {
         return Err((
             "InvalidSelector",
             "agentSelector must set exactly one of allAgents: true or a non-empty agentIds".into(),
         ));
     }
-    if spec.write_policy != WritePolicy::Disabled && !spec.read_scopes.contains(&spec.write_scope)
-    {
+    if spec.write_policy != WritePolicy::Disabled && !spec.read_scopes.contains(&spec.write_scope) {
         return Err((
             "WriteScopeNotReadable",
             format!(
@@ -139,7 +138,11 @@ async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
             ctx.publish(
                 &policy.object_ref(&()),
                 Event {
-                    type_: if ok { EventType::Normal } else { EventType::Warning },
+                    type_: if ok {
+                        EventType::Normal
+                    } else {
+                        EventType::Warning
+                    },
                     reason: reason.into(),
                     note: Some(message),
                     action: "Validate".into(),

@@ -9,10 +9,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{
-        Arc, Mutex,
-        atomic::AtomicU64,
-    },
+    sync::{Arc, Mutex, atomic::AtomicU64},
     time::{Duration, Instant},
 };
 
@@ -219,7 +216,10 @@ impl Context {
 
     fn index_sandbox(&self, ns: &str, sandbox: &str, binding: &HarnessBinding) {
         if let Ok(mut map) = self.sandboxes.lock() {
-            map.insert((ns.to_owned(), sandbox.to_owned()), ObjectRef::from_obj(binding));
+            map.insert(
+                (ns.to_owned(), sandbox.to_owned()),
+                ObjectRef::from_obj(binding),
+            );
         }
     }
 
@@ -263,10 +263,6 @@ impl Context {
         }
     }
 }
-
-/// A span for a reconcile step. Spans are exported by the telemetry module when it is
-/// configured; until then this is a named scope for readers of the code.
-pub(crate) fn telemetry_span(_name: &'static str, _binding: &HarnessBinding) {}
 
 /// Where the operator looks and how it elects a leader.
 #[derive(Clone, Debug)]
@@ -370,16 +366,16 @@ where
 {
     // One shutdown signal, fanned out to the three controllers.
     let shared = futures::FutureExt::shared(shutdown);
-    let shutdown = move || {
-        let s = shared.clone();
-        async move { s.await }
-    };
+    let shutdown = move || shared.clone();
     let client = ctx.client.clone();
     let ns = config.namespace.as_deref();
     let cc = controller::Config::default().concurrency(config.concurrency);
 
-    let bindings = Controller::new(api::<HarnessBinding>(&client, ns), watcher::Config::default())
-        .with_config(cc.clone());
+    let bindings = Controller::new(
+        api::<HarnessBinding>(&client, ns),
+        watcher::Config::default(),
+    )
+    .with_config(cc.clone());
     let store = bindings.store();
     let by_profile = store.clone();
     let pod_ctx = ctx.clone();
@@ -421,11 +417,14 @@ where
         .run(binding::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
 
-    let profiles = Controller::new(api::<SandboxProfile>(&client, ns), watcher::Config::default())
-        .with_config(cc.clone())
-        .graceful_shutdown_on(shutdown())
-        .run(profile::reconcile, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
+    let profiles = Controller::new(
+        api::<SandboxProfile>(&client, ns),
+        watcher::Config::default(),
+    )
+    .with_config(cc.clone())
+    .graceful_shutdown_on(shutdown())
+    .run(profile::reconcile, error_policy, ctx.clone())
+    .for_each(|_| futures::future::ready(()));
 
     let policies = Controller::new(api::<MemoryPolicy>(&client, ns), watcher::Config::default())
         .with_config(cc)

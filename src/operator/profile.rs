@@ -39,7 +39,10 @@ async fn check(
     let ns = profile.namespace().unwrap_or_default();
     let spec = &profile.spec;
     if !spec.enabled {
-        return Ok(Err(("Disabled", "the profile is disabled: no new leases".into())));
+        return Ok(Err((
+            "Disabled",
+            "the profile is disabled: no new leases".into(),
+        )));
     }
     let pool_ns = spec.warm_pool_ref.namespace.clone().unwrap_or(ns.clone());
     if pool_ns != ns {
@@ -90,7 +93,11 @@ async fn check(
                 ),
             )));
         };
-        if !spec.allowed_worker_image_digests.iter().any(|d| d == digest) {
+        if !spec
+            .allowed_worker_image_digests
+            .iter()
+            .any(|d| d == digest)
+        {
             return Ok(Err((
                 "ImageNotAllowed",
                 format!(
@@ -160,7 +167,8 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
         Ok((message, uid)) => (true, "Ready", message, uid),
         Err((reason, message)) => (false, reason, message, None),
     };
-    let was = conditions::get(&status.conditions, "Ready").map(|c| (c.status.clone(), c.reason.clone()));
+    let was =
+        conditions::get(&status.conditions, "Ready").map(|c| (c.status.clone(), c.reason.clone()));
     conditions::set(
         &mut status.conditions,
         Desired {
@@ -199,11 +207,20 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
             }
             Err(e) => return Err(e.into()),
         }
-        if was != Some(((if ok { TRUE } else { FALSE }).to_owned(), reason.to_owned())) {
+        if was
+            != Some((
+                (if ok { TRUE } else { FALSE }).to_owned(),
+                reason.to_owned(),
+            ))
+        {
             ctx.publish(
                 &profile.object_ref(&()),
                 Event {
-                    type_: if ok { EventType::Normal } else { EventType::Warning },
+                    type_: if ok {
+                        EventType::Normal
+                    } else {
+                        EventType::Warning
+                    },
                     reason: reason.into(),
                     note: Some(message),
                     action: "Validate".into(),

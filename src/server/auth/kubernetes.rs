@@ -277,7 +277,22 @@ impl KubernetesAuthenticator {
             })
             .collect();
         match holding.as_slice() {
-            [binding] => worker_scope(identity.username, &ns, binding),
+            [binding] => {
+                // The lease names the pod the operator verified; a newer pod under the
+                // same Sandbox is a new worker, not admitted until the operator binds it
+                // at a new generation.
+                let verified = binding
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.lease.as_ref())
+                    .and_then(|l| l.worker_pod_uid.as_deref());
+                if verified.is_some_and(|uid| uid != pod_uid) {
+                    return Err(AuthError::LeaseNotReady(format!(
+                        "pod {pod_name} is not the verified worker of its Sandbox's lease yet"
+                    )));
+                }
+                worker_scope(identity.username, &ns, binding)
+            }
             [] => Err(self.replaced_or_foreign(&ns, &sandbox, &list.items).await),
             _ => Err(AuthError::Forbidden(format!(
                 "several HarnessBindings claim Sandbox {}",
