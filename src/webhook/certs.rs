@@ -30,6 +30,18 @@ pub enum CertError {
     },
 }
 
+/// The names the in-cluster Service answers to, plus loopback for local runs.
+pub fn default_hosts() -> Vec<String> {
+    [
+        "harness-engine-webhook.harness-engine-system.svc",
+        "harness-engine-webhook.harness-engine-system.svc.cluster.local",
+        "localhost",
+        "127.0.0.1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Where [`self_signed`] wrote its files, and the CA in PEM (a webhook configuration's
 /// `caBundle` is its base64).
 #[derive(Clone, Debug)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::{Json, Router, extract::State, routing::post};
 use kube::core::{
-    DynamicObject, Status,
+    DynamicObject,
     admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
     response::{StatusCause, StatusDetails, StatusSummary},
 };
@@ -269,11 +269,6 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
         .with_state(webhook)
 }
 
-/// Success status, for tests and callers that want to compare.
-pub fn allowed_status() -> Status {
-    Status::default()
-}
-
 #[cfg(test)]
 mod tests {
     use async_trait::async_trait;
@@ -281,6 +276,7 @@ mod tests {
 
     use super::*;
     use crate::webhook::LookupError;
+    use kube::core::Status;
 
     struct Nothing;
 
@@ -383,7 +379,7 @@ mod tests {
         );
         let out = webhook().review_sandbox_profile(&ok);
         assert!(out.allowed);
-        assert_eq!(out.result, allowed_status());
+        assert_eq!(out.result, Status::default());
     }
 
     #[test]
