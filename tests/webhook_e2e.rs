@@ -299,6 +299,7 @@ async fn start_webhook(client: &Client, cert_dir: &Path, operator: &str) -> Runn
     let mut memory = DeploymentMemoryPolicy::default();
     memory.user.loosest_write_policy = WritePolicy::ApprovalForSensitive;
     memory.user.max_results = 50;
+    memory.organization.readable = false;
     memory.user.allowed_kinds = vec![
         harness_engine::api::memory_policy::MemoryKind::Semantic,
         harness_engine::api::memory_policy::MemoryKind::EpisodicReference,
@@ -578,6 +579,22 @@ async fn every_rule_refuses_its_bad_case_through_the_api_server() {
         "unknown retention policy",
         422,
         &["spec.retentionPolicy: \"forever\" is not a retention policy"],
+    );
+    assert_webhook_refusal(
+        policies
+            .create(
+                &pp,
+                &memory_policy(
+                    "org-reader",
+                    json!({"readScopes": ["user", "organization"]}),
+                ),
+            )
+            .await,
+        "reading a scope the deployment keeps closed",
+        403,
+        &[
+            "spec.readScopes[1]: the deployment memory policy does not let agents read organization memory",
+        ],
     );
     // Organization writes and empty selectors are CEL rules too: API server first, then
     // the webhook's own answer.
