@@ -8,7 +8,11 @@
 
 use std::sync::Arc;
 
-use axum::{Json, Router, extract::State, routing::post};
+use axum::{
+    Json, Router,
+    extract::{DefaultBodyLimit, State},
+    routing::post,
+};
 use kube::core::{
     DynamicObject,
     admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
@@ -49,6 +53,9 @@ pub struct Webhook {
 }
 
 type Request = AdmissionRequest<DynamicObject>;
+
+/// Largest AdmissionReview body the router reads.
+const MAX_REVIEW_BYTES: usize = 8 * 1024 * 1024;
 
 impl Webhook {
     pub fn new(config: WebhookConfig, lookup: Arc<dyn ObjectLookup>) -> Self {
@@ -266,6 +273,8 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
         .route(PATH_HARNESS_BINDINGS_STATUS, post(harness_bindings_status))
         .route(PATH_SANDBOX_PROFILES, post(sandbox_profiles))
         .route(PATH_MEMORY_POLICIES, post(memory_policies))
+        // A review carries the object and the old object, each up to etcd's 1.5 MiB.
+        .layer(DefaultBodyLimit::max(MAX_REVIEW_BYTES))
         .with_state(webhook)
 }
 
