@@ -7,9 +7,12 @@
 //! - [`domain`]: pure rules (identities, scopes, fencing, limits, error codes). No IO.
 //! - [`store`]: the state store traits and their SQLite and MongoDB backends.
 //! - [`server`]: the data-plane HTTP API over the store traits.
+//! - [`webhook`]: the validating admission webhook (validators, AdmissionReview router,
+//!   TLS serving with certificate reload).
 
 pub mod api;
 pub mod domain;
 pub mod operator;
 pub mod server;
 pub mod store;
+pub mod webhook;

@@ -9,6 +9,7 @@ use harness_engine::{
     domain::limits::Limits,
     server::{self, AppState, ServerConfig, local},
     store::{Store, sqlite::SqliteStore},
+    webhook,
 };
 
 #[derive(Parser)]
@@ -43,6 +44,17 @@ enum Command {
         /// Write `<group>_<plural>.yaml` files into this directory instead of printing.
         #[arg(long, value_name = "DIR")]
         out_dir: Option<PathBuf>,
+    },
+    /// Write a development CA and webhook serving certificate (`ca.crt`, `tls.crt`,
+    /// `tls.key`) for local runs and tests; clusters use cert-manager.
+    WebhookCert {
+        /// Directory to write the three files into (created; existing files are replaced).
+        #[arg(long, value_name = "DIR")]
+        out_dir: PathBuf,
+        /// DNS name or IP address the certificate is valid for (repeatable). Default:
+        /// the in-cluster Service name, `localhost` and `127.0.0.1`.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
     },
     /// Print the version.
     Version,
@@ -160,6 +172,21 @@ fn main() -> anyhow::Result<()> {
                     None => print!("---\n{yaml}"),
                 }
             }
+        }
+        Command::WebhookCert { out_dir, hosts } => {
+            let hosts = if hosts.is_empty() {
+                webhook::certs::default_hosts()
+            } else {
+                hosts
+            };
+            let written = webhook::certs::self_signed(&out_dir, &hosts)?;
+            println!(
+                "wrote {}, {} and {} for {}",
+                written.ca_file.display(),
+                written.cert_file.display(),
+                written.key_file.display(),
+                hosts.join(", ")
+            );
         }
         Command::Version => println!("harness-engine {}", env!("CARGO_PKG_VERSION")),
     }
