@@ -136,6 +136,23 @@ struct OperatorArgs {
     /// Reconciles running at once per controller.
     #[arg(long, default_value_t = 16)]
     concurrency: u16,
+    /// Address of the admission webhook (HTTPS). Unset: no webhook in this process.
+    #[arg(long)]
+    webhook_listen: Option<SocketAddr>,
+    /// Directory holding the webhook's `tls.crt` and `tls.key` (re-read when they change).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/etc/harness-engine/webhook-tls"
+    )]
+    webhook_cert_dir: PathBuf,
+    /// Users allowed to change `HarnessBinding.status.lease` (repeatable). Default: this
+    /// operator's ServiceAccount, `system:serviceaccount:<POD_NAMESPACE>:harness-engine`.
+    #[arg(long = "operator-identity", value_name = "USER")]
+    operator_identities: Vec<String>,
+    /// The deployment memory policy (YAML): what a MemoryPolicy may at most allow.
+    #[arg(long, value_name = "FILE")]
+    deployment_memory_policy: Option<PathBuf>,
     /// How often a Ready binding's `status.state` is refreshed from the store, in seconds
     /// (the projection is rate-limited to this per binding).
     #[arg(long, default_value_t = 30)]
@@ -352,6 +369,47 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             let _ = stop_tx.send(true);
         });
         let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
+        let webhook_task = match args.webhook_listen {
+            Some(addr) => {
+                let identities = if args.operator_identities.is_empty() {
+                    let ns = std::env::var("POD_NAMESPACE")
+                        .unwrap_or_else(|_| "harness-engine-system".into());
+                    vec![format!("system:serviceaccount:{ns}:harness-engine")]
+                } else {
+                    args.operator_identities.clone()
+                };
+                let memory_policy = match &args.deployment_memory_policy {
+                    Some(path) => webhook::DeploymentMemoryPolicy::from_yaml_file(path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                    None => webhook::DeploymentMemoryPolicy::default(),
+                };
+                let hook = Arc::new(webhook::Webhook::new(
+                    webhook::WebhookConfig {
+                        operator_identities: identities,
+                        memory_policy,
+                    },
+                    Arc::new(webhook::KubeLookup::new(client.clone())),
+                ));
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr}"))?;
+                println!("webhook: https://{}", listener.local_addr()?);
+                let cert = args.webhook_cert_dir.join("tls.crt");
+                let key = args.webhook_cert_dir.join("tls.key");
+                let acceptor = Arc::new(
+                    webhook::tls::ReloadingAcceptor::new(cert.clone(), key).with_context(|| {
+                        format!("loading the webhook certificate {}", cert.display())
+                    })?,
+                );
+                Some(tokio::spawn(webhook::tls::serve_with(
+                    listener,
+                    acceptor,
+                    webhook::router(hook),
+                    stopped(),
+                )))
+            }
+            None => None,
+        };
 
         let lease_duration = Duration::from_secs(args.leader_lease_seconds.max(2));
         let config = OperatorConfig {
@@ -416,6 +474,9 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             .await
             .context("data plane task")?
             .context("serving")?;
+        if let Some(task) = webhook_task {
+            task.await.context("webhook task")?;
+        }
         eprintln!("harness-engine operator: stopped");
         Ok(())
     })

@@ -1,47 +1,75 @@
-//! Go-style durations as the CRDs spell them (`90s`, `2m`, `1h30m`, `250ms`): only the
-//! units the CRD patterns allow, no signs, no fractions.
+//! Go-style durations as `SandboxProfile.spec.timeouts` spells them: one or more
+//! `<digits><unit>` groups, unit `ms`, `s`, `m` or `h` (`90s`, `2m`, `1h30m`). The same
+//! grammar as the CRD's pattern, so whatever the webhook admits the controller can read.
 
 use std::time::Duration;
 
-/// Parses `"1h30m"`-style durations. The error says what was wrong.
-pub fn parse(s: &str) -> Result<Duration, String> {
-    if s.is_empty() {
-        return Err("empty duration".into());
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DurationError {
+    #[error("is empty; write a duration such as 90s, 2m or 1h30m")]
+    Empty,
+    #[error(
+        "{0:?} is not a duration; write digits and a unit (ms, s, m, h), such as 90s, 2m or 1h30m"
+    )]
+    Malformed(String),
+    #[error("{0:?} is too large")]
+    Overflow(String),
+}
+
+/// Parses `90s`, `2m`, `1h30m`, `500ms`.
+pub fn parse(text: &str) -> Result<Duration, DurationError> {
+    if text.is_empty() {
+        return Err(DurationError::Empty);
     }
-    let bytes = s.as_bytes();
+    let malformed = || DurationError::Malformed(text.to_owned());
+    let overflow = || DurationError::Overflow(text.to_owned());
+    let bytes = text.as_bytes();
+    let mut total_ms: u64 = 0;
     let mut i = 0;
-    let mut total = Duration::ZERO;
     while i < bytes.len() {
         let start = i;
         while i < bytes.len() && bytes[i].is_ascii_digit() {
             i += 1;
         }
-        if start == i {
-            return Err(format!("{s:?}: expected a number at position {start}"));
+        if i == start {
+            return Err(malformed());
         }
-        let n: u64 = s[start..i]
-            .parse()
-            .map_err(|_| format!("{s:?}: number too large"))?;
-        let unit_start = i;
-        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
+        let number: u64 = text[start..i].parse().map_err(|_| overflow())?;
+        let unit_ms: u64 = if text[i..].starts_with("ms") {
+            i += 2;
+            1
+        } else {
+            let unit = match bytes.get(i) {
+                Some(b's') => 1_000,
+                Some(b'm') => 60_000,
+                Some(b'h') => 3_600_000,
+                _ => return Err(malformed()),
+            };
             i += 1;
-        }
-        let unit = match &s[unit_start..i] {
-            "ms" => Duration::from_millis(1),
-            "s" => Duration::from_secs(1),
-            "m" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            "" => return Err(format!("{s:?}: missing unit after {n} (use ms, s, m or h)")),
-            other => return Err(format!("{s:?}: unknown unit {other:?} (use ms, s, m or h)")),
+            unit
         };
-        let part = unit
-            .checked_mul(u32::try_from(n).map_err(|_| format!("{s:?}: number too large"))?)
-            .ok_or_else(|| format!("{s:?}: too long"))?;
-        total = total
-            .checked_add(part)
-            .ok_or_else(|| format!("{s:?}: too long"))?;
+        let part = number.checked_mul(unit_ms).ok_or_else(overflow)?;
+        total_ms = total_ms.checked_add(part).ok_or_else(overflow)?;
     }
-    Ok(total)
+    Ok(Duration::from_millis(total_ms))
+}
+
+/// `1h30m` style rendering for messages.
+pub fn display(d: Duration) -> String {
+    let mut ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, size) in [("h", 3_600_000u128), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+        if ms >= size {
+            out.push_str(&format!("{}{unit}", ms / size));
+            ms %= size;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -49,19 +77,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_parse_like_the_crds_spell_them() {
-        let ok = [
-            ("250ms", Duration::from_millis(250)),
-            ("90s", Duration::from_secs(90)),
-            ("2m", Duration::from_secs(120)),
-            ("1h30m", Duration::from_secs(5400)),
-            ("12h", Duration::from_secs(43200)),
-        ];
-        for (s, d) in ok {
-            assert_eq!(parse(s), Ok(d), "{s}");
+    fn parses_go_style_durations() {
+        for (text, ms) in [
+            ("90s", 90_000),
+            ("2m", 120_000),
+            ("1h30m", 5_400_000),
+            ("500ms", 500),
+            ("1m500ms", 60_500),
+            ("12h", 43_200_000),
+            ("0s", 0),
+        ] {
+            assert_eq!(parse(text), Ok(Duration::from_millis(ms)), "{text}");
         }
-        for bad in ["", "5", "m", "1d", "-1s", "1.5h", "1h 2m"] {
-            assert!(parse(bad).is_err(), "{bad} should be refused");
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_duration() {
+        for text in ["", "90", "s", "1.5h", "1d", "-1s", "1h 30m", "2M", "10sec"] {
+            assert!(parse(text).is_err(), "{text}");
         }
+        assert!(matches!(
+            parse("99999999999999999999h"),
+            Err(DurationError::Overflow(_))
+        ));
+        assert!(matches!(
+            parse("9999999999999999h"),
+            Err(DurationError::Overflow(_))
+        ));
+    }
+
+    #[test]
+    fn displays_compactly() {
+        assert_eq!(display(Duration::from_millis(5_400_000)), "1h30m");
+        assert_eq!(display(Duration::from_millis(60_500)), "1m500ms");
+        assert_eq!(display(Duration::ZERO), "0s");
     }
 }

@@ -1139,7 +1139,7 @@ async fn check_ready(
         step.lifecycle(Lifecycle::Hibernated);
         let message = format!(
             "idle for {} (idle TTL {}): Sandbox {sb_name} suspended; the next bind resumes it",
-            humantime(since(&last_active)),
+            duration::display(since(&last_active)),
             resolved.profile.spec.timeouts.idle_ttl
         );
         step.condition(HIBERNATED, true, "IdleTTLReached", message.clone());
@@ -1168,17 +1168,6 @@ async fn check_ready(
         Some(_) => Action::requeue(next_check(lease, resolved, ctx)),
         None => conflict_retry(),
     })
-}
-
-fn humantime(d: Duration) -> String {
-    let s = d.as_secs();
-    if s >= 3600 {
-        format!("{}h{}m", s / 3600, (s % 3600) / 60)
-    } else if s >= 60 {
-        format!("{}m{}s", s / 60, s % 60)
-    } else {
-        format!("{}.{:01}s", s, d.subsec_millis() / 100)
-    }
 }
 
 fn resume_requested_at(binding: &HarnessBinding) -> Option<Time> {

@@ -5,7 +5,7 @@
 //! names the field and the rule.
 //!
 //! Layout, from pure to IO:
-//! - [`options`], [`duration`]: pure scanners and parsers;
+//! - [`options`]: pure scanners (durations come from `domain::duration`);
 //! - [`binding`], [`profile`], [`memory`]: pure validators over the [`crate::api`] types,
 //!   returning [`Violation`]s; [`memory::DeploymentMemoryPolicy`] is the operator's
 //!   deployment-wide memory policy that a `MemoryPolicy` may only tighten;
@@ -19,7 +19,7 @@
 
 pub mod binding;
 pub mod certs;
-pub mod duration;
+
 pub mod lookup;
 pub mod memory;
 pub mod options;

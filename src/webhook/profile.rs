@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Violation, duration};
+use super::Violation;
 use crate::api::SandboxProfileSpec;
+use crate::domain::duration;
 
 /// Checks a profile in `namespace`.
 pub fn validate(namespace: &str, spec: &SandboxProfileSpec) -> Vec<Violation> {
