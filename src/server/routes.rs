@@ -216,6 +216,7 @@ async fn bind(
         created_at_ms: now_ms(),
     };
     let (stored, created) = state.store().ensure_binding(&record).await?;
+    state.auth().bound(&caller, &stored.binding_id).await;
     let status = if created {
         StatusCode::CREATED
     } else {

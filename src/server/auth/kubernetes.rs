@@ -525,6 +525,41 @@ impl Authenticator for KubernetesAuthenticator {
         }
     }
 
+    async fn bound(&self, caller: &Caller, binding: &BindingId) {
+        let Caller::Service(identity) = caller else {
+            return;
+        };
+        let api: Api<HarnessBinding> = Api::namespaced(self.client.clone(), &identity.namespace);
+        let selector = format!("{BINDING_ID_LABEL}={}", binding.as_str());
+        let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
+            return;
+        };
+        for b in list.items {
+            let hibernated = b
+                .status
+                .as_ref()
+                .is_some_and(|s| s.lifecycle == Some(Lifecycle::Hibernated));
+            if !hibernated {
+                continue;
+            }
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            let patch = serde_json::json!({"metadata": {"annotations": {
+                crate::operator::binding::RESUME_ANNOTATION: now
+            }}});
+            let name = b.metadata.name.clone().unwrap_or_default();
+            if let Err(e) = api
+                .patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+            {
+                eprintln!("harness-engine: requesting resume of HarnessBinding {name}: {e}");
+            }
+        }
+    }
+
     async fn may_act_for(&self, caller: &Caller, subject: &str) -> Result<bool, AuthError> {
         match caller {
             Caller::Service(identity) => {
