@@ -289,7 +289,10 @@ async fn apply(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Error>
         lease_generation: 0,
         created_at_ms: crate::store::now_ms(),
     };
-    ctx.store.ensure_binding(&record).await.map_err(store_err)?;
+    if !ctx.ensured(id.as_str()) {
+        ctx.store.ensure_binding(&record).await.map_err(store_err)?;
+        ctx.mark_ensured(id.as_str());
+    }
 
     let mut step = Step::new(binding);
     let resolved = match resolve_profile(binding, ctx, &mut step).await? {
@@ -595,8 +598,16 @@ async fn progress_claim(
     let generation = u64::try_from(lease.generation).unwrap_or(0);
 
     // 2. The fence: from here on, older generations are refused by the store.
-    match ctx.store.raise_fence(id, epoch, generation).await {
-        Ok(_) => {}
+    let raised = if ctx.fence_raised(id.as_str(), (epoch, generation)) {
+        Ok(())
+    } else {
+        ctx.store
+            .raise_fence(id, epoch, generation)
+            .await
+            .map(|_| ctx.mark_fence(id.as_str(), (epoch, generation)))
+    };
+    match raised {
+        Ok(()) => {}
         Err(e) if e.code() == "stale_lease" => {
             // The store is ahead of Kubernetes (e.g. a restore): move past it.
             return new_generation(
@@ -624,9 +635,12 @@ async fn progress_claim(
         .await;
     };
 
-    // 3. Older claims go before a new one exists: never two live claims.
+    // 3. Older claims go before a new one exists: never two live claims. (Generation 1
+    // of a binding has no older claims: its UID is new.)
     let claims: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &ns);
-    release_claims(&claims, binding, Some(&name), &mut step).await?;
+    if lease.generation > 1 {
+        release_claims(&claims, binding, Some(&name), &mut step).await?;
+    }
 
     // 4. The claim of this generation.
     let claim = match claims.get_opt(&name).await? {
@@ -1250,10 +1264,12 @@ async fn maybe_resume(
         return Ok(conflict_retry());
     };
     let epoch = u64::try_from(binding.spec.epoch).unwrap_or(0);
+    let fence = (epoch, u64::try_from(generation).unwrap_or(0));
     ctx.store
-        .raise_fence(id, epoch, u64::try_from(generation).unwrap_or(0))
+        .raise_fence(id, fence.0, fence.1)
         .await
         .map_err(store_err)?;
+    ctx.mark_fence(id.as_str(), fence);
     sandboxes
         .patch(
             &sb_name,
@@ -1478,6 +1494,7 @@ async fn cleanup(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Erro
         ctx.unindex_sandbox(&ns, &sb);
     }
     ctx.forget(&binding.uid().unwrap_or_default());
+    ctx.forget_binding(id.as_str());
     Ok(Action::await_change())
 }
 

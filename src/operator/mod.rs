@@ -172,6 +172,10 @@ pub struct Context {
     sandboxes: Mutex<HashMap<(String, String), ObjectRef<HarnessBinding>>>,
     /// Binding UID -> when its state was last projected.
     projections: Mutex<HashMap<String, Instant>>,
+    /// Store binding ids this process has ensured, with the fence it last raised: both
+    /// calls are idempotent, so repeating them only costs a durable write; a new leader
+    /// starts empty and repeats them once.
+    fences: Mutex<HashMap<String, Option<(u64, u64)>>>,
     projection_interval: Duration,
 }
 
@@ -199,6 +203,7 @@ impl Context {
             recorder,
             sandboxes: Mutex::default(),
             projections: Mutex::default(),
+            fences: Mutex::default(),
             projection_interval,
         }
     }
@@ -249,6 +254,34 @@ impl Context {
                 map.insert(uid.to_owned(), now);
                 true
             }
+        }
+    }
+
+    fn ensured(&self, id: &str) -> bool {
+        self.fences.lock().is_ok_and(|m| m.contains_key(id))
+    }
+
+    fn mark_ensured(&self, id: &str) {
+        if let Ok(mut m) = self.fences.lock() {
+            m.entry(id.to_owned()).or_insert(None);
+        }
+    }
+
+    fn fence_raised(&self, id: &str, fence: (u64, u64)) -> bool {
+        self.fences
+            .lock()
+            .is_ok_and(|m| m.get(id).copied().flatten() == Some(fence))
+    }
+
+    fn mark_fence(&self, id: &str, fence: (u64, u64)) {
+        if let Ok(mut m) = self.fences.lock() {
+            m.insert(id.to_owned(), Some(fence));
+        }
+    }
+
+    fn forget_binding(&self, id: &str) {
+        if let Ok(mut m) = self.fences.lock() {
+            m.remove(id);
         }
     }
 
