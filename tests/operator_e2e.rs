@@ -164,6 +164,7 @@ impl Fixture {
 }
 
 /// One data-plane call with a worker's token and fence.
+#[allow(clippy::too_many_arguments)]
 async fn call(
     http: &reqwest::Client,
     op: &Operator,
