@@ -7,8 +7,11 @@
 //! - [`domain`]: pure rules (identities, scopes, fencing, limits, error codes). No IO.
 //! - [`store`]: the state store traits and their SQLite and MongoDB backends.
 //! - [`server`]: the data-plane HTTP API over the store traits.
+//! - [`telemetry`]: tracing and OpenTelemetry: span names, the attribute allowlist,
+//!   trace-context ingress, the bounded scrubbing export path.
 
 pub mod api;
 pub mod domain;
 pub mod server;
 pub mod store;
+pub mod telemetry;
