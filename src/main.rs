@@ -9,6 +9,7 @@ use harness_engine::{
     domain::limits::Limits,
     server::{self, AppState, ServerConfig, local},
     store::{Store, sqlite::SqliteStore},
+    telemetry::{self, IngressPolicy},
 };
 
 #[derive(Parser)]
@@ -77,6 +78,11 @@ struct ServeArgs {
     /// Write burst per binding above the sustained rate (default: the built-in limit).
     #[arg(long)]
     write_burst: Option<u32>,
+    /// What to do with a well-formed incoming W3C `traceparent`: `continue` the caller's
+    /// trace, or `restart` (a new trace linked to the caller's). A malformed one is always
+    /// replaced. Traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/telemetry.md).
+    #[arg(long, default_value = "continue", value_name = "POLICY")]
+    trace_ingress: IngressPolicy,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -112,6 +118,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let telemetry = telemetry::init().context("starting telemetry (OTEL_* settings)")?;
     let setup = local::prepare(
         args.data_dir,
         args.tokens_file,
@@ -128,12 +135,15 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let mut config = ServerConfig::new(limits.clone());
     config.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
+    config.trace_ingress = args.trace_ingress;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let telemetry_ref = &telemetry;
+    let served = runtime.block_on(async move {
+        let telemetry = telemetry_ref;
         let store = SqliteStore::open(&setup.database, limits).await.with_context(|| format!("opening {}", setup.database.display()))?;
         let store: Arc<dyn Store> = Arc::new(store);
         let api = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
@@ -152,6 +162,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             writeln!(out, "new token for principal {:?} acting for subject {:?} (shown once; only its SHA-256 is stored):", local::LOCAL_PRINCIPAL, local::LOCAL_SUBJECT)?;
             writeln!(out, "token: {token}")?;
         }
+        writeln!(out, "telemetry: {} (trace ingress: {})", telemetry.describe(), args.trace_ingress)?;
         writeln!(out, "api: http://{api_addr} (OpenAPI document at /openapi.json)")?;
         writeln!(out, "admin: http://{admin_addr} (/live /ready /metrics)")?;
         out.flush()?;
@@ -161,7 +172,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         server::serve(state, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
         Ok(())
-    })
+    });
+    // Flush queued spans outside the async runtime (shutdown blocks on the last export).
+    telemetry.shutdown();
+    served
 }
 
 /// Resolves on Ctrl-C or SIGTERM (what Kubernetes and most supervisors send).

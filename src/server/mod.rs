@@ -4,7 +4,8 @@
 //! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
 //!   scope that caller may touch.
 //! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
-//!   [`middleware`]: deadline, metrics, trace context, JSON safety net.
+//!   [`middleware`]: deadline, metrics, trace context and the request span, JSON
+//!   safety net.
 //! - [`admin`]: `/live`, `/ready`, `/metrics` on their own port.
 //! - [`local`]: `serve` mode's data directory, identity key and token file.
 //!
@@ -22,7 +23,7 @@ use axum::{
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{domain::ids::Keyring, domain::limits::Limits, store::Store};
+use crate::{domain::ids::Keyring, domain::limits::Limits, store::Store, telemetry::IngressPolicy};
 
 pub mod admin;
 pub mod auth;
@@ -47,6 +48,8 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Largest request body accepted (413 `too_large` above).
     pub max_body_bytes: usize,
+    /// What to do with a well-formed incoming `traceparent` (spec 000 "Propagation").
+    pub trace_ingress: IngressPolicy,
 }
 
 impl ServerConfig {
@@ -56,6 +59,7 @@ impl ServerConfig {
             limits,
             request_timeout: Duration::from_secs(10),
             max_body_bytes,
+            trace_ingress: IngressPolicy::default(),
         }
     }
 }
@@ -126,7 +130,10 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             middleware::track,
         ))
-        .layer(axum::middleware::from_fn(middleware::trace_context))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::trace_context,
+        ))
         .layer(axum::middleware::from_fn(middleware::json_errors))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .with_state(state)

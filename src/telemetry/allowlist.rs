@@ -213,13 +213,7 @@ pub const ATTRIBUTES: &[Allowed] = &[
     },
     Allowed {
         key: "harness.harness",
-        rule: Rule::OneOf(&[
-            "langgraph",
-            "claude_agent_sdk",
-            "strands",
-            "provider_managed",
-            "custom",
-        ]),
+        rule: Rule::OneOf(&["deepagents", "claude_agent_sdk", "strands", "agentcore"]),
         note: "harness id",
     },
     // Numbers: generations, retries, counts, sizes, durations.

@@ -79,17 +79,21 @@ pub struct TelemetryStats {
     baggage_dropped: Counter,
 }
 
-static STATS: LazyLock<TelemetryStats> = LazyLock::new(|| TelemetryStats {
-    health: AtomicU8::new(DISABLED),
-    queued: AtomicI64::new(0),
-    queue_gauge: Gauge::default(),
-    healthy_gauge: Gauge::default(),
-    enabled_gauge: Gauge::default(),
-    exported: Counter::default(),
-    export_failures: Counter::default(),
-    dropped: Family::default(),
-    ingress: Family::default(),
-    baggage_dropped: Counter::default(),
+static STATS: LazyLock<TelemetryStats> = LazyLock::new(|| {
+    let stats = TelemetryStats {
+        health: AtomicU8::new(DISABLED),
+        queued: AtomicI64::new(0),
+        queue_gauge: Gauge::default(),
+        healthy_gauge: Gauge::default(),
+        enabled_gauge: Gauge::default(),
+        exported: Counter::default(),
+        export_failures: Counter::default(),
+        dropped: Family::default(),
+        ingress: Family::default(),
+        baggage_dropped: Counter::default(),
+    };
+    stats.set_health(Health::Disabled);
+    stats
 });
 
 /// The process's telemetry counters.

@@ -236,6 +236,13 @@ pub fn record<V: tracing::Value>(span: &Span, key: &'static str, value: V) {
     span.record(key, value);
 }
 
+/// Records a count, size, duration or generation. `tracing-opentelemetry` exports
+/// `u64` fields as text, which the allowlist's numeric rule rejects: numbers go in as
+/// `i64` (saturating).
+pub fn record_count(span: &Span, key: &'static str, value: u64) {
+    span.record(key, i64::try_from(value).unwrap_or(i64::MAX));
+}
+
 /// Marks a span successful.
 pub fn record_ok(span: &Span) {
     span.record(keys::OUTCOME, "ok");
@@ -262,7 +269,7 @@ struct Anchor {
 /// ```ignore
 /// let (anchor, attempt) = anchors.attempt(&format!("{binding_id}/{generation}"), "harness_binding");
 /// let claim = spans::step_in(&anchor, Step::SandboxClaimOrReuse);
-/// spans::record(&claim, keys::ATTEMPT, attempt);
+/// spans::record_count(&claim, keys::ATTEMPT, attempt);
 /// async { /* claim; then under it: */ let bind = spans::step_in(&claim, Step::SandboxWorkerBind); }
 ///     .instrument(claim.clone()).await;
 /// anchors.finish(&key, "ok"); // when the transition is done (ready), ends the anchor
@@ -314,7 +321,7 @@ impl ReconcileAnchors {
         });
         anchor.attempts += 1;
         anchor.last_used = Instant::now();
-        anchor.span.record(keys::ATTEMPT, anchor.attempts);
+        record_count(&anchor.span, keys::ATTEMPT, anchor.attempts);
         (anchor.span.clone(), anchor.attempts)
     }
 
