@@ -562,6 +562,51 @@ async fn one_turn_is_one_trace_with_the_contract_shape_over_grpc() {
     );
     assert!(!turn.state_id.is_empty());
 
+    // A refused commit: the stable code on the step and on the request, nothing else.
+    let conflict_trace = "6d2e8f1b0c4a5d3f9e7b2c1d0a9f8e71";
+    let conflict = send(
+        with_context(
+            api.req(
+                Method::POST,
+                &format!("/v1/bindings/{}/state/commit", turn.binding),
+            )
+            .header("Harness-Epoch", 0)
+            .header("Harness-Lease-Generation", 1),
+            &traceparent(conflict_trace, run_span),
+        )
+        .header("Idempotency-Key", "canary-idem-commit-stale")
+        .json(&serde_json::json!({
+            "state_id": turn.state_id,
+            "expected_revision": 0,
+            "run_id": "canary-run-stale",
+        })),
+    )
+    .await;
+    assert_eq!(
+        (conflict.status, conflict.code().as_str()),
+        (409, "revision_conflict")
+    );
+    let spans = receiver
+        .wait_for("the refused commit", |s| {
+            s.iter().filter(|s| s.trace == conflict_trace).count() >= 4
+        })
+        .await;
+    let refused: Vec<&Got> = spans.iter().filter(|s| s.trace == conflict_trace).collect();
+    let request = refused
+        .iter()
+        .find(|s| s.name == "harness.request")
+        .expect("request span");
+    assert_eq!(request.attr("error.type"), Some("revision_conflict"));
+    assert_eq!(request.attr("http.response.status_code"), Some("409"));
+    let commit = refused
+        .iter()
+        .find(|s| s.name == "thread_state.commit")
+        .expect("commit span");
+    assert_eq!(
+        (commit.attr("harness.outcome"), commit.attr("error.type")),
+        (Some("error"), Some("revision_conflict"))
+    );
+
     // Only allowlisted keys reached the receiver.
     let allowed: Vec<&str> = harness_engine::telemetry::allowlist::ATTRIBUTES
         .iter()

@@ -362,6 +362,89 @@ mod tests {
         }
     }
 
+    /// Collects finished spans in memory: the SDK pipeline and the tracing layer are the
+    /// real ones, only the wire is left out (tests/telemetry.rs covers OTLP).
+    #[derive(Clone, Debug, Default)]
+    struct Collect(std::sync::Arc<Mutex<Vec<opentelemetry_sdk::trace::SpanData>>>);
+
+    impl opentelemetry_sdk::trace::SpanExporter for Collect {
+        async fn export(
+            &self,
+            batch: Vec<opentelemetry_sdk::trace::SpanData>,
+        ) -> opentelemetry_sdk::error::OTelSdkResult {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(batch);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn reconcile_retries_are_siblings_under_one_anchor() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+
+        let collect = Collect::default();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_simple_exporter(collect.clone())
+            .build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let anchors = ReconcileAnchors::new(8, Duration::from_secs(60));
+            let key = "hb_0123456789abcdef0123456789abcdef/2";
+            for _ in 0..2 {
+                let (anchor, attempt) = anchors.attempt(key, "harness_binding");
+                let claim = step_in(&anchor, Step::SandboxClaimOrReuse);
+                record_count(&claim, keys::ATTEMPT, attempt);
+                let bind = step_in(&claim, Step::SandboxWorkerBind);
+                record_ok(&bind);
+                drop(bind);
+                record_error(&claim, "conflict");
+            }
+            anchors.finish(key, "ok");
+        });
+        let spans = collect.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(
+            names,
+            [
+                SANDBOX_WORKER_BIND,
+                SANDBOX_CLAIM_OR_REUSE,
+                SANDBOX_WORKER_BIND,
+                SANDBOX_CLAIM_OR_REUSE,
+                HARNESS_RECONCILE
+            ]
+        );
+        let anchor = &spans[4];
+        assert_eq!(anchor.parent_span_id, opentelemetry::trace::SpanId::INVALID);
+        for s in &spans {
+            assert_eq!(
+                s.span_context.trace_id(),
+                anchor.span_context.trace_id(),
+                "one trace"
+            );
+        }
+        assert_eq!(spans[1].parent_span_id, anchor.span_context.span_id());
+        assert_eq!(spans[3].parent_span_id, anchor.span_context.span_id());
+        assert_ne!(
+            spans[1].span_context.span_id(),
+            spans[3].span_context.span_id()
+        );
+        assert_eq!(spans[0].parent_span_id, spans[1].span_context.span_id());
+        assert_eq!(spans[2].parent_span_id, spans[3].span_context.span_id());
+        let attempt = |s: &opentelemetry_sdk::trace::SpanData| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == keys::ATTEMPT)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(attempt(&spans[1]), Some(opentelemetry::Value::I64(1)));
+        assert_eq!(attempt(&spans[3]), Some(opentelemetry::Value::I64(2)));
+        let _ = provider.shutdown();
+    }
+
     #[test]
     fn anchors_are_bounded() {
         let anchors = ReconcileAnchors::new(2, Duration::from_secs(60));
