@@ -902,3 +902,31 @@ async fn without_an_endpoint_no_exporter_is_built() {
     assert_eq!(ready.json()["telemetry"], "disabled");
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_flushes_queued_spans() {
+    let receiver = Receiver::http(free_listener().await);
+    let mut env = otel_env(&receiver.endpoint, "http/protobuf");
+    // Batches would wait a minute: only the stop can deliver them in time.
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "60000".to_owned()));
+    let (server, api) = start(&[], &env);
+    let (binding, e, g) = api.bound("agent-stop", "conv-stop").await;
+    api.turn(&binding, (e, g), b"body", 0, "run-stop").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        receiver.spans().is_empty(),
+        "nothing exported before the stop"
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let spans = receiver
+        .wait_for("the flushed spans", |s| {
+            s.iter().filter(|s| s.name == "harness.request").count() >= 3
+        })
+        .await;
+    assert!(spans.iter().any(|s| s.name == "thread_state.commit"));
+    drop(server);
+}
