@@ -107,6 +107,8 @@ pub const OPERATIONS: &[&str] = &[
     "memory.search",
     "memory.list",
     "memory.delete",
+    "memory.approve",
+    "memory.reject",
     "reconcile.binding",
     "reconcile.profile",
     "reconcile.memory_policy",

@@ -110,11 +110,19 @@ pub fn settings_from(
     else {
         return Ok(None);
     };
-    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+    if endpoint.starts_with("https://") {
+        // Neither transport is built with TLS: fail at start, not at every export.
         return Err(TelemetryError::InvalidSetting {
             var: "OTEL_EXPORTER_OTLP_ENDPOINT",
             value: endpoint,
-            reason: "must be an http:// or https:// URL",
+            reason: "TLS to the collector is not built in; export to an in-cluster collector over http://",
+        });
+    }
+    if !endpoint.starts_with("http://") {
+        return Err(TelemetryError::InvalidSetting {
+            var: "OTEL_EXPORTER_OTLP_ENDPOINT",
+            value: endpoint,
+            reason: "must be an http:// URL",
         });
     }
     let (protocol_var, protocol) = match get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") {
@@ -387,5 +395,7 @@ mod tests {
         }
         let err = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "c:4318")]).expect_err("url");
         assert!(err.to_string().contains("http://"), "{err}");
+        let err = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]).expect_err("tls");
+        assert!(err.to_string().contains("TLS"), "{err}");
     }
 }

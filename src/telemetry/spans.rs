@@ -218,7 +218,7 @@ pub fn request(method: &str, route: &str) -> Span {
 /// A new root for one reconcile pass that has no anchor (a profile or policy
 /// reconcile). `kind` is one of `harness_binding`, `sandbox_profile`, `memory_policy`.
 pub fn reconcile_root(kind: &'static str) -> Span {
-    let span = tracing::info_span!(target: TARGET, parent: None, HARNESS_RECONCILE,
+    tracing::info_span!(target: TARGET, parent: None, HARNESS_RECONCILE,
         harness.kind = kind,
         harness.binding.id = Empty,
         harness.lease.generation = Empty,
@@ -226,8 +226,7 @@ pub fn reconcile_root(kind: &'static str) -> Span {
         harness.attempt = Empty,
         harness.outcome = Empty,
         error.type = Empty,
-        otel.status_code = Empty);
-    span
+        otel.status_code = Empty)
 }
 
 /// Records a value under an allowlisted key (see [`keys`]). A key the span did not
