@@ -406,6 +406,36 @@ async fn one_turn(api: &Api, tp: &str) -> Turn {
         "{}",
         String::from_utf8_lossy(&commit.body)
     );
+    // Long-term memory in the same turn: write one, then search.
+    let memory = |m: Method, path: &str| {
+        with_context(api.req(m, path).header("Harness-Binding", &binding), tp)
+    };
+    let put = send(
+        memory(Method::PUT, "/v1/memory/user/records").json(&serde_json::json!({
+            "key": "prefs/canary-key",
+            "kind": "semantic",
+            "content": "canary-memory-body: the user drinks oolong tea",
+            "run_id": "canary-run-3c9e",
+        })),
+    )
+    .await;
+    assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));
+    let found = send(
+        memory(Method::POST, "/v1/memory/search")
+            .json(&serde_json::json!({"query": "oolong tea canary-query"})),
+    )
+    .await;
+    assert_eq!(
+        found.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&found.body)
+    );
+    assert_eq!(
+        found.json()["results"][0]["record"]["key"],
+        "prefs/canary-key",
+        "the search finds the memory"
+    );
     Turn { binding, state_id }
 }
 
@@ -431,6 +461,14 @@ fn expected_turn() -> Vec<(&'static str, Vec<&'static str>)> {
         (
             "/v1/bindings/{binding_id}/state/commit",
             vec!["authn", "authz.agent", "thread_state.commit"],
+        ),
+        (
+            "/v1/memory/{scope}/records",
+            vec!["authn", "authz.agent", "memory.write"],
+        ),
+        (
+            "/v1/memory/search",
+            vec!["authn", "authz.agent", "memory.read"],
         ),
     ]
 }
@@ -556,6 +594,16 @@ async fn one_turn_is_one_trace_with_the_contract_shape_over_grpc() {
         step("authn")[0].attr("harness.caller.kind"),
         Some("principal")
     );
+    let memory_write = &step("memory.write")[0];
+    assert_eq!(memory_write.attr("harness.operation"), Some("memory.put"));
+    assert_eq!(memory_write.attr("harness.created"), Some("true"));
+    assert_eq!(
+        memory_write.attr("harness.binding.id"),
+        Some(turn.binding.as_str())
+    );
+    let memory_read = &step("memory.read")[0];
+    assert_eq!(memory_read.attr("harness.operation"), Some("memory.search"));
+    assert_eq!(memory_read.attr("harness.count"), Some("1"));
     assert_eq!(
         step("session.binding")[0].attr("harness.created"),
         Some("true")

@@ -23,7 +23,11 @@ use axum::{
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{domain::ids::Keyring, domain::limits::Limits, store::Store, telemetry::IngressPolicy};
+use crate::{
+    domain::{ids::Keyring, limits::Limits, memory::policy::SharedMemoryPolicies},
+    store::Store,
+    telemetry::IngressPolicy,
+};
 
 pub mod admin;
 pub mod auth;
@@ -32,6 +36,8 @@ pub mod dto;
 pub mod error;
 pub mod extract;
 pub mod local;
+pub mod memory_config;
+pub mod memory_routes;
 pub mod middleware;
 pub mod openapi;
 pub mod routes;
@@ -71,6 +77,7 @@ struct Inner {
     config: ServerConfig,
     metrics: admin::Metrics,
     bindings: authz::BindingCache,
+    memory_policies: SharedMemoryPolicies,
     openapi_json: String,
 }
 
@@ -93,6 +100,7 @@ impl AppState {
             config,
             metrics: admin::Metrics::default(),
             bindings: authz::BindingCache::default(),
+            memory_policies: SharedMemoryPolicies::default(),
             openapi_json,
         }))
     }
@@ -113,6 +121,12 @@ impl AppState {
     }
     pub fn bindings(&self) -> &authz::BindingCache {
         &self.0.bindings
+    }
+    /// The memory policy snapshot every `/v1/memory` call reads. Replace it (or upsert
+    /// one `MemoryPolicy`) through this handle: `serve` loads it from files at start; the
+    /// operator's `MemoryPolicy` watch keeps it current (docs/memory.md).
+    pub fn memory_policies(&self) -> &SharedMemoryPolicies {
+        &self.0.memory_policies
     }
 }
 
