@@ -54,6 +54,7 @@ async fn put(api: &Api, binding: &str, scope: &str, body: Value) -> Reply {
     send(
         api.req(Method::PUT, &format!("/v1/memory/{scope}/records"))
             .header("Harness-Binding", binding)
+            .header("Idempotency-Key", "memory-test-put")
             .json(&body),
     )
     .await
@@ -131,7 +132,8 @@ async fn memory_follows_the_binding_and_never_crosses_subjects() {
     // Bob naming Alice's binding: as if it did not exist.
     let cross = send(
         bob.req(Method::GET, "/v1/memory/user/records?key=prefs/drink")
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!((cross.status, cross.code().as_str()), (404, "not_found"));
@@ -147,6 +149,7 @@ async fn memory_follows_the_binding_and_never_crosses_subjects() {
     let as_alice = send(
         bob.req(Method::POST, "/v1/memory/search")
             .header("Harness-Binding", &b_binding)
+            .header("Idempotency-Key", "memory-test")
             .header("Harness-Subject", "user:alice")
             .json(&json!({"query": "tea"})),
     )
@@ -180,14 +183,16 @@ async fn memory_follows_the_binding_and_never_crosses_subjects() {
     let got = send(
         alice
             .req(Method::GET, "/v1/memory/user/records?key=prefs/drink")
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(got.json()["revision"], 1);
     let no_rev = send(
         alice
             .req(Method::DELETE, "/v1/memory/user/records?key=prefs/drink")
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!((no_rev.status, no_rev.code().as_str()), (422, "invalid"));
@@ -197,7 +202,8 @@ async fn memory_follows_the_binding_and_never_crosses_subjects() {
                 Method::DELETE,
                 "/v1/memory/user/records?key=prefs/drink&expected_revision=4",
             )
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(
@@ -210,7 +216,8 @@ async fn memory_follows_the_binding_and_never_crosses_subjects() {
                 Method::DELETE,
                 "/v1/memory/user/records?key=prefs/drink&expected_revision=1",
             )
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(
@@ -220,7 +227,8 @@ async fn memory_follows_the_binding_and_never_crosses_subjects() {
     let gone = send(
         alice
             .req(Method::GET, "/v1/memory/user/records?key=prefs/drink")
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(gone.status, 404);
@@ -260,7 +268,8 @@ async fn the_write_pipeline_redacts_refuses_and_holds_for_approval() {
                     Method::GET,
                     &format!("/v1/memory/user/records?key=inj/{i}&include_pending=true"),
                 )
-                .header("Harness-Binding", &binding),
+                .header("Harness-Binding", &binding)
+                .header("Idempotency-Key", "memory-test"),
         )
         .await;
         assert_eq!(got.status, 404);
@@ -320,7 +329,8 @@ async fn the_write_pipeline_redacts_refuses_and_holds_for_approval() {
     let plain_get = send(
         alice
             .req(Method::GET, "/v1/memory/user/records?key=infra/db")
-            .header("Harness-Binding", &binding),
+            .header("Harness-Binding", &binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(plain_get.status, 404);
@@ -330,7 +340,8 @@ async fn the_write_pipeline_redacts_refuses_and_holds_for_approval() {
                 Method::GET,
                 "/v1/memory/user/records?key=infra/db&include_pending=true",
             )
-            .header("Harness-Binding", &binding),
+            .header("Harness-Binding", &binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(
@@ -344,6 +355,7 @@ async fn the_write_pipeline_redacts_refuses_and_holds_for_approval() {
         alice
             .req(Method::POST, "/v1/memory/user/records/approve")
             .header("Harness-Binding", &binding)
+            .header("Idempotency-Key", "memory-test")
             .json(&json!({"key": "infra/db", "expected_revision": 1})),
     )
     .await;
@@ -355,6 +367,7 @@ async fn the_write_pipeline_redacts_refuses_and_holds_for_approval() {
         reviewer
             .req(Method::POST, "/v1/memory/user/records/approve")
             .header("Harness-Binding", &binding)
+            .header("Idempotency-Key", "memory-test")
             .json(&json!({"key": "infra/db", "expected_revision": 3})),
     )
     .await;
@@ -362,7 +375,7 @@ async fn the_write_pipeline_redacts_refuses_and_holds_for_approval() {
         (stale.status, stale.code().as_str()),
         (409, "revision_conflict")
     );
-    let ok = send(reviewer.req(Method::POST, "/v1/memory/user/records/approve").header("Harness-Binding", &binding).json(&json!({"key": "infra/db", "expected_revision": 1, "reason": "no live secret left"}))).await;
+    let ok = send(reviewer.req(Method::POST, "/v1/memory/user/records/approve").header("Harness-Binding", &binding).header("Idempotency-Key", "memory-test").json(&json!({"key": "infra/db", "expected_revision": 1, "reason": "no live secret left"}))).await;
     assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
     assert_eq!(ok.json()["record"]["approval"]["decided_by"], "reviewer");
     assert_eq!(ok.json()["record"]["revision"], 2);
@@ -441,7 +454,8 @@ async fn organization_memory_is_written_by_the_application_writer_and_search_is_
     let bad_scope = send(
         alice
             .req(Method::GET, "/v1/memory/global/records?key=x")
-            .header("Harness-Binding", &a_binding),
+            .header("Harness-Binding", &a_binding)
+            .header("Idempotency-Key", "memory-test"),
     )
     .await;
     assert_eq!(

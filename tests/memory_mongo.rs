@@ -2,7 +2,7 @@
 //! local control plane (`make test` starts it and sets `HARNESS_E2E_MONGODB_URI`), one
 //! fresh database per case. FerretDB v1 scans a collection for every query that is not
 //! a point read by `_id`, so the isolation case gets every one of its 3,000 records by
-//! key but searches every 20th subject (150 searches over 3,000 documents).
+//! key but searches every 200th subject (30 searches over 3,000 documents).
 
 mod memory_conformance;
 
@@ -99,4 +99,4 @@ async fn close(store: MongoStore, scratch: Scratch) {
     drop(scratch);
 }
 
-crate::memory_conformance_tests!(open, close; subjects = 1000, search_every = 20);
+crate::memory_conformance_tests!(open, close; subjects = 1000, search_every = 200);

@@ -411,12 +411,14 @@ async fn one_turn(api: &Api, tp: &str) -> Turn {
         with_context(api.req(m, path).header("Harness-Binding", &binding), tp)
     };
     let put = send(
-        memory(Method::PUT, "/v1/memory/user/records").json(&serde_json::json!({
-            "key": "prefs/canary-key",
-            "kind": "semantic",
-            "content": "canary-memory-body: the user drinks oolong tea",
-            "run_id": "canary-run-3c9e",
-        })),
+        memory(Method::PUT, "/v1/memory/user/records")
+            .header("Idempotency-Key", "canary-idem-memory-1")
+            .json(&serde_json::json!({
+                "key": "prefs/canary-key",
+                "kind": "semantic",
+                "content": "canary-memory-body: the user drinks oolong tea",
+                "run_id": "canary-run-3c9e",
+            })),
     )
     .await;
     assert_eq!(put.status, 201, "{}", String::from_utf8_lossy(&put.body));

@@ -23,7 +23,9 @@ use super::{
     auth::{BindingVerb, Caller},
     authz,
     error::{ApiError, ErrorCode},
-    extract::{ApiJson, ApiQuery, Authenticated, EPOCH, LEASE_GENERATION, SubjectHeader},
+    extract::{
+        ApiJson, ApiQuery, Authenticated, EPOCH, IdempotencyKey, LEASE_GENERATION, SubjectHeader,
+    },
     middleware::traced,
 };
 use crate::telemetry::spans::{self, Step, keys};
@@ -406,6 +408,18 @@ struct MemoryHeaders {
 }
 
 #[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct IdempotencyParam {
+    /// Client-chosen key, 1 to 255 visible ASCII characters. Memory writes are
+    /// compare-and-set on the revision, so a retried write can never apply twice: a retry
+    /// of a write that landed gets `revision_conflict` with the current revision in
+    /// `details.actual`, whose `content_hash` the client can compare.
+    #[param(rename = "Idempotency-Key", pattern = "^[!-~]{1,255}$")]
+    key: String,
+}
+
+#[derive(IntoParams)]
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)]
 struct ScopeParam {
@@ -631,7 +645,7 @@ async fn get_memory(
 /// refuse authority, approval, compare the expected revision (or consolidate), persist
 /// with provenance and an audit record.
 #[utoipa::path(put, path = "/v1/memory/{scope}/records", tag = "memory",
-    params(ScopeParam, MemoryHeaders),
+    params(ScopeParam, IdempotencyParam, MemoryHeaders),
     request_body = MemoryPutRequest,
     responses(
         (status = 201, description = "Created", body = MemoryWriteResponse),
@@ -641,6 +655,7 @@ async fn put_memory(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     ScopePath(scope): ScopePath,
+    _key: IdempotencyKey,
     headers: MemoryCallHeaders,
     SubjectHeader(named): SubjectHeader,
     ApiJson(req): ApiJson<MemoryPutRequest>,
@@ -702,12 +717,13 @@ async fn put_memory(
 /// Delete one memory at its current revision. Separate from a conversation clear, which
 /// never deletes memory.
 #[utoipa::path(delete, path = "/v1/memory/{scope}/records", tag = "memory",
-    params(ScopeParam, DeleteQuery, MemoryHeaders),
+    params(ScopeParam, IdempotencyParam, DeleteQuery, MemoryHeaders),
     responses((status = 200, description = "Deleted; the record as it was", body = MemoryWriteResponse)))]
 async fn delete_memory(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     ScopePath(scope): ScopePath,
+    _key: IdempotencyKey,
     headers: MemoryCallHeaders,
     SubjectHeader(named): SubjectHeader,
     ApiQuery(q): ApiQuery<DeleteQuery>,
@@ -903,13 +919,14 @@ async fn decide(
 
 /// Approve a pending (or revoked, under review) memory. Approvers only, never its writer.
 #[utoipa::path(post, path = "/v1/memory/{scope}/records/approve", tag = "memory",
-    params(ScopeParam, MemoryHeaders),
+    params(ScopeParam, IdempotencyParam, MemoryHeaders),
     request_body = MemoryDecisionRequest,
     responses((status = 200, description = "Approved: now searchable", body = MemoryWriteResponse)))]
 async fn approve_memory(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     ScopePath(scope): ScopePath,
+    _key: IdempotencyKey,
     headers: MemoryCallHeaders,
     SubjectHeader(named): SubjectHeader,
     ApiJson(req): ApiJson<MemoryDecisionRequest>,
@@ -919,13 +936,14 @@ async fn approve_memory(
 
 /// Reject a pending (or revoked) memory: it stays stored for audit, never searchable.
 #[utoipa::path(post, path = "/v1/memory/{scope}/records/reject", tag = "memory",
-    params(ScopeParam, MemoryHeaders),
+    params(ScopeParam, IdempotencyParam, MemoryHeaders),
     request_body = MemoryDecisionRequest,
     responses((status = 200, description = "Rejected", body = MemoryWriteResponse)))]
 async fn reject_memory(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     ScopePath(scope): ScopePath,
+    _key: IdempotencyKey,
     headers: MemoryCallHeaders,
     SubjectHeader(named): SubjectHeader,
     ApiJson(req): ApiJson<MemoryDecisionRequest>,
