@@ -46,6 +46,13 @@ pub const THREAD_STATE_COMMIT: &str = "thread_state.commit";
 pub const MEMORY_READ: &str = "memory.read";
 pub const MEMORY_WRITE: &str = "memory.write";
 pub const HARNESS_RECONCILE: &str = "harness.reconcile";
+// Worker-side steps of the contract topology: emitted by the harness in the sandbox
+// (under its `harness.run`), not by this process; named here so the whole topology is in
+// one place.
+pub const PROVIDER_INVOKE: &str = "provider.invoke";
+pub const TOOL_INVOKE: &str = "tool.invoke";
+pub const SUBAGENT_RUN: &str = "subagent.run";
+pub const STREAM_VALIDATE_AND_ENCODE: &str = "stream.validate_and_encode";
 
 /// Every span name this process may export.
 pub const ALL: &[&str] = &[
@@ -62,6 +69,10 @@ pub const ALL: &[&str] = &[
     MEMORY_READ,
     MEMORY_WRITE,
     HARNESS_RECONCILE,
+    PROVIDER_INVOKE,
+    TOOL_INVOKE,
+    SUBAGENT_RUN,
+    STREAM_VALIDATE_AND_ENCODE,
 ];
 
 /// The `tracing` target of every span here; the OpenTelemetry layer exports only this
