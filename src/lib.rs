@@ -9,10 +9,13 @@
 //! - [`server`]: the data-plane HTTP API over the store traits.
 //! - [`webhook`]: the validating admission webhook (validators, AdmissionReview router,
 //!   TLS serving with certificate reload).
+//! - [`telemetry`]: tracing and OpenTelemetry: span names, the attribute allowlist,
+//!   trace-context ingress, the bounded scrubbing export path.
 
 pub mod api;
 pub mod domain;
 pub mod operator;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod webhook;

@@ -9,6 +9,7 @@ use harness_engine::{
     domain::limits::Limits,
     server::{self, AppState, ServerConfig, local},
     store::{Store, sqlite::SqliteStore},
+    telemetry::{self, IngressPolicy},
     webhook,
 };
 
@@ -28,7 +29,7 @@ enum Command {
     /// Run the data-plane HTTP API alone, on the embedded SQLite store, without
     /// Kubernetes. With no flags it creates its data directory, identity key and token
     /// file, and prints where they are.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the operator: the HarnessBinding, SandboxProfile and MemoryPolicy controllers
     /// (leader only), the admission webhook and the data plane (every replica), against
     /// the cluster of the current kubeconfig or in-cluster config.
@@ -93,6 +94,18 @@ struct ServeArgs {
     /// Write burst per binding above the sustained rate (default: the built-in limit).
     #[arg(long)]
     write_burst: Option<u32>,
+    /// What to do with a well-formed incoming W3C `traceparent`: `continue` the caller's
+    /// trace, or `restart` (a new trace linked to the caller's). A malformed one is always
+    /// replaced. Traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/telemetry.md).
+    #[arg(long, default_value = "continue", value_name = "POLICY")]
+    trace_ingress: IngressPolicy,
+    /// Deployment memory configuration (YAML): organization, approvers, application
+    /// writers, the strictest write policy, retention policies. See docs/memory.md.
+    #[arg(long, value_name = "FILE")]
+    memory_config: Option<PathBuf>,
+    /// `MemoryPolicy` objects (YAML, several documents per file allowed). Repeatable.
+    #[arg(long = "memory-policy", value_name = "FILE")]
+    memory_policies: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -164,7 +177,7 @@ struct OperatorArgs {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => serve(args)?,
+        Command::Serve(args) => serve(*args)?,
         Command::Operator(args) => operator(*args)?,
         Command::Openapi { out } => {
             let json = server::openapi::to_json(&server::openapi::document());
@@ -211,6 +224,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let telemetry = telemetry::init().context("starting telemetry (OTEL_* settings)")?;
     let setup = local::prepare(
         args.data_dir,
         args.tokens_file,
@@ -225,14 +239,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(burst) = args.write_burst {
         limits.write_burst = burst;
     }
+    let memory = server::memory_config::load(args.memory_config.as_deref(), &args.memory_policies)
+        .context("loading memory policy")?;
     let mut config = ServerConfig::new(limits.clone());
     config.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
+    config.trace_ingress = args.trace_ingress;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let telemetry_ref = &telemetry;
+    let served = runtime.block_on(async move {
+        let telemetry = telemetry_ref;
         let store = SqliteStore::open(&setup.database, limits).await.with_context(|| format!("opening {}", setup.database.display()))?;
         let store: Arc<dyn Store> = Arc::new(store);
         let api = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
@@ -251,16 +270,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             writeln!(out, "new token for principal {:?} acting for subject {:?} (shown once; only its SHA-256 is stored):", local::LOCAL_PRINCIPAL, local::LOCAL_SUBJECT)?;
             writeln!(out, "token: {token}")?;
         }
+        writeln!(out, "telemetry: {} (trace ingress: {})", telemetry.describe(), args.trace_ingress)?;
         writeln!(out, "api: http://{api_addr} (OpenAPI document at /openapi.json)")?;
         writeln!(out, "admin: http://{admin_addr} (/live /ready /metrics)")?;
         out.flush()?;
         drop(out);
 
         let state = AppState::new(store, setup.keyring, Arc::new(setup.tokens), config);
+        state.memory_policies().replace(memory);
         server::serve(state, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
         Ok(())
-    })
+    });
+    // Flush queued spans outside the async runtime (shutdown blocks on the last export).
+    telemetry.shutdown();
+    served
 }
 
 fn operator(args: OperatorArgs) -> anyhow::Result<()> {
@@ -273,7 +297,9 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let telemetry = telemetry::init().context("starting telemetry (OTEL_* settings)")?;
+    println!("telemetry: {}", telemetry.describe());
+    let result = runtime.block_on(async move {
         let metrics = OperatorMetrics::default();
         let client = operator::counting_client(metrics.api_requests.clone())
             .await
@@ -479,7 +505,10 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         }
         eprintln!("harness-engine operator: stopped");
         Ok(())
-    })
+    });
+    drop(runtime);
+    telemetry.shutdown();
+    result
 }
 
 /// Resolves on Ctrl-C or SIGTERM (what Kubernetes and most supervisors send).

@@ -7,4 +7,5 @@
 pub mod duration;
 pub mod ids;
 pub mod limits;
+pub mod memory;
 pub mod state;

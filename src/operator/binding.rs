@@ -39,7 +39,10 @@ use kube::{
 };
 use serde_json::json;
 
+use tracing::Instrument;
+
 use super::{Context, Error};
+use crate::telemetry::spans::{self, Step as SpanStep, keys};
 use crate::{
     api::{
         HarnessBinding, HarnessBindingStatus, Lease, Lifecycle, SandboxProfile, StateProjection,
@@ -84,18 +87,43 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
     let started = std::time::Instant::now();
     let ns = binding.namespace().unwrap_or_default();
     let api: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
+    // One trace per convergence: every attempt until the binding is Ready is a sibling
+    // `sandbox.claim_or_reuse` span under one anchor (spec 000, "Distributed tracing").
+    let anchor_key = binding.uid().unwrap_or_default();
+    let (anchor, attempt) = ctx.anchors.attempt(&anchor_key, "harness_binding");
+    let span = spans::step_in(&anchor, SpanStep::SandboxClaimOrReuse);
+    spans::record(&span, keys::OPERATION, "reconcile.binding");
+    spans::record_count(&span, keys::ATTEMPT, attempt);
+    if let Some(id) = binding.labels().get(BINDING_ID_LABEL) {
+        spans::record(&span, keys::BINDING_ID, id.as_str());
+    }
+    if let Some(lease) = binding.status.as_ref().and_then(|s| s.lease.as_ref()) {
+        spans::record_count(
+            &span,
+            keys::LEASE_GENERATION,
+            u64::try_from(lease.generation).unwrap_or(0),
+        );
+    }
     let result = finalizer(&api, FINALIZER, binding, |event| async {
         match event {
             FinalizerEvent::Apply(b) => apply(&b, &ctx).await,
             FinalizerEvent::Cleanup(b) => cleanup(&b, &ctx).await,
         }
     })
+    .instrument(span.clone())
     .await
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     });
+    match &result {
+        Ok(_) => spans::record_ok(&span),
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+            spans::record_error(&span, "conflict")
+        }
+        Err(_) => spans::record_error(&span, "unavailable"),
+    }
     ctx.metrics
         .observe_reconcile("harnessbinding", &result, started.elapsed());
     result
@@ -854,6 +882,12 @@ async fn progress_claim(
     };
 
     // 5. Verify the worker against the profile before it may take a turn.
+    let bind_span = spans::step(SpanStep::SandboxWorkerBind);
+    spans::record_count(
+        &bind_span,
+        keys::LEASE_GENERATION,
+        u64::try_from(lease.generation).unwrap_or(0),
+    );
     match verify_worker(&pod, &resolved.profile) {
         Err((reason, message)) => {
             step.lifecycle(Lifecycle::Failed);
@@ -937,6 +971,9 @@ async fn progress_claim(
             if let Some(t) = claim_ready_at {
                 ctx.metrics.bind_overhead.observe(since(&t).as_secs_f64());
             }
+            spans::record(&bind_span, keys::OUTCOME, "bound");
+            ctx.anchors
+                .finish(&binding.uid().unwrap_or_default(), "bound");
             ctx.index_sandbox(&ns, &sandbox_name, binding);
             Ok(Action::requeue(next_check(lease, resolved, ctx)))
         }

@@ -177,6 +177,8 @@ pub struct Context {
     /// starts empty and repeats them once.
     fences: Mutex<HashMap<String, Option<(u64, u64)>>>,
     projection_interval: Duration,
+    /// Reconcile trace anchors: one per binding until it converges.
+    pub anchors: crate::telemetry::spans::ReconcileAnchors,
 }
 
 impl Context {
@@ -205,6 +207,7 @@ impl Context {
             projections: Mutex::default(),
             fences: Mutex::default(),
             projection_interval,
+            anchors: crate::telemetry::spans::ReconcileAnchors::new(4096, Duration::from_secs(600)),
         }
     }
 

@@ -1,4 +1,5 @@
-//! The admin port: `/live`, `/ready`, `/metrics` (OpenMetrics text). Separate from the
+//! The admin port: `/live`, `/ready`, `/metrics` (OpenMetrics text, including the
+//! telemetry pipeline's counters from [`crate::telemetry::stats`]). Separate from the
 //! API port so probes and scrapes need no credentials and never compete with, or expose,
 //! the data plane.
 
@@ -85,6 +86,7 @@ impl Metrics {
             "Store refusals and failures by stable error code",
             store_errors.clone(),
         );
+        crate::telemetry::stats().register(&mut registry);
         Metrics {
             registry,
             requests,
@@ -141,7 +143,9 @@ async fn live() -> Json<serde_json::Value> {
     Json(serde_json::json!({"status": "live"}))
 }
 
-/// Ready when the store answers a read within a second.
+/// Ready when the store answers a read within a second. The body also reports the
+/// telemetry exporter (`ok`, `degraded`, `disabled`): a collector outage is visible here
+/// and in `/metrics` but never makes the server unready (spec 000: it changes no outcome).
 async fn ready(State(state): State<AppState>) -> Response {
     let probe = BindingId::parse("hb_00000000000000000000000000000000");
     let Some(probe) = probe else {
@@ -149,7 +153,11 @@ async fn ready(State(state): State<AppState>) -> Response {
             .into_response();
     };
     match tokio::time::timeout(Duration::from_secs(1), state.store().get_binding(&probe)).await {
-        Ok(Ok(_)) => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Ok(Ok(_)) => Json(serde_json::json!({
+            "status": "ready",
+            "telemetry": crate::telemetry::stats().health().as_str(),
+        }))
+        .into_response(),
         Ok(Err(e)) => ApiError::from(e).into_response(),
         Err(_) => ApiError::new(
             ErrorCode::Unavailable,

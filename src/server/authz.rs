@@ -16,6 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::middleware::traced;
 use super::{
     AppState,
     auth::{BindingVerb, Caller},
@@ -23,13 +24,28 @@ use super::{
     error::{ApiError, ErrorCode},
     extract::WorkerFence,
 };
-use crate::domain::{
-    ids::{BindingId, SubjectRef},
-    state::{BindingRecord, StateScope},
+use crate::{
+    domain::{
+        ids::{BindingId, SubjectRef},
+        state::{BindingRecord, StateScope},
+    },
+    telemetry::spans::{self, Step},
 };
 
 /// The subject a bind acts for.
 pub async fn bind_subject(
+    state: &AppState,
+    caller: &Caller,
+    named: Option<String>,
+) -> Result<String, ApiError> {
+    traced(
+        spans::step(Step::AuthzAgent),
+        bind_subject_inner(state, caller, named),
+    )
+    .await
+}
+
+async fn bind_subject_inner(
     state: &AppState,
     caller: &Caller,
     named: Option<String>,
@@ -161,7 +177,12 @@ pub async fn binding(
     verb: BindingVerb,
     named: Option<String>,
 ) -> Result<BindingRecord, ApiError> {
-    binding_with(state, caller, id, verb, named, Freshness::Current).await
+    let span = authz_span(id);
+    traced(
+        span,
+        binding_with(state, caller, id, verb, named, Freshness::Current),
+    )
+    .await
 }
 
 /// [`binding`] for a worker call (state, objects, streams).
@@ -172,7 +193,42 @@ pub async fn worker_binding(
     verb: BindingVerb,
     named: Option<String>,
 ) -> Result<BindingRecord, ApiError> {
-    binding_with(state, caller, id, verb, named, Freshness::Identity).await
+    let span = authz_span(id);
+    traced(
+        span,
+        binding_with(state, caller, id, verb, named, Freshness::Identity),
+    )
+    .await
+}
+
+/// [`worker_binding`] and [`worker_scope`] in one `authz.agent` span: the binding a
+/// worker call may touch and the scope the store sees for it.
+#[allow(clippy::too_many_arguments)]
+pub async fn worker_access(
+    state: &AppState,
+    caller: &Caller,
+    id: &BindingId,
+    verb: BindingVerb,
+    named: Option<String>,
+    fence: &WorkerFence,
+    codec: Option<String>,
+) -> Result<(BindingRecord, StateScope), ApiError> {
+    let span = authz_span(id);
+    spans::record_count(&span, spans::keys::EPOCH, fence.epoch);
+    spans::record_count(&span, spans::keys::LEASE_GENERATION, fence.lease_generation);
+    traced(span, async {
+        let record = binding_with(state, caller, id, verb, named, Freshness::Identity).await?;
+        let scope = worker_scope(state, caller, &record, fence, codec)?;
+        Ok::<_, ApiError>((record, scope))
+    })
+    .await
+}
+
+/// The `authz.agent` span of a decision on binding `id` (a keyed digest: allowed).
+fn authz_span(id: &BindingId) -> tracing::Span {
+    let span = spans::step(Step::AuthzAgent);
+    spans::record(&span, spans::keys::BINDING_ID, id.as_str());
+    span
 }
 
 async fn binding_with(

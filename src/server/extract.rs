@@ -10,12 +10,17 @@ use axum::{
 };
 use serde::de::DeserializeOwned;
 
+use super::middleware::traced;
 use super::{
     AppState,
     auth::{AuthError, Caller, valid_subject},
     error::{ApiError, ErrorCode},
 };
-use crate::{domain::ids::BindingId, store::PutMode};
+use crate::{
+    domain::ids::BindingId,
+    store::PutMode,
+    telemetry::spans::{self, Step},
+};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const EPOCH: &str = "harness-epoch";
@@ -60,6 +65,22 @@ impl FromRequestParts<AppState> for Authenticated {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // spec 000 topology: `authn` under `harness.request`; only the caller's kind is
+        // recorded, never the token or the principal's name.
+        let span = spans::step(Step::Authn);
+        let caller = traced(span.clone(), authenticate(parts, state)).await?;
+        let kind = match &caller {
+            Caller::Principal { .. } => "principal",
+            Caller::Service(_) => "service",
+            Caller::Worker(_) => "worker",
+        };
+        spans::record(&span, spans::keys::CALLER_KIND, kind);
+        Ok(Authenticated(caller))
+    }
+}
+
+async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiError> {
+    {
         let value = header_str(&parts.headers, header::AUTHORIZATION.as_str())
             .map_err(|_| ApiError::unauthenticated("the Authorization header is malformed"))?
             .ok_or_else(|| {
@@ -73,8 +94,7 @@ impl FromRequestParts<AppState> for Authenticated {
                 ));
             }
         };
-        let caller = state.auth().authenticate(token).await?;
-        Ok(Authenticated(caller))
+        Ok(state.auth().authenticate(token).await?)
     }
 }
 

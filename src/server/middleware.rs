@@ -1,7 +1,7 @@
-//! Request-wide layers: the deadline, metrics, `traceparent` validation, and the safety
-//! net that turns any non-JSON error response into the one error shape.
+//! Request-wide layers: the deadline, metrics, trace context and the request span, and
+//! the safety net that turns any non-JSON error response into the one error shape.
 
-use std::time::Instant;
+use std::{future::Future, time::Instant};
 
 use axum::{
     body::Body,
@@ -11,10 +11,13 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
+use tracing::Instrument as _;
+
 use super::{
     AppState,
     error::{ApiError, ErrorCode, ErrorMark},
 };
+use crate::telemetry::{propagation, spans};
 
 /// Cuts a request off at the configured deadline with `504 timeout`. The store call it
 /// interrupted may still complete: the caller retries with the same Idempotency-Key.
@@ -50,43 +53,61 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
     response
 }
 
-/// W3C `traceparent`: kept when well-formed, dropped when not (DESIGN §8: "replace a
-/// malformed one"). Trace context is correlation only: nothing reads it for a decision,
-/// and nothing from it is stored. OpenTelemetry plugs in here.
-pub async fn trace_context(mut req: Request, next: Next) -> Response {
-    let valid = req
-        .headers()
-        .get("traceparent")
-        .map(|v| v.to_str().map(valid_traceparent).unwrap_or(false));
-    if valid == Some(false) {
-        req.headers_mut().remove("traceparent");
+/// Trace context and the request span (spec 000 "Propagation"): the caller's
+/// `traceparent` is validated and continued, linked or replaced per the configured
+/// ingress policy ([`crate::telemetry::propagation`]); then `traceparent`, `tracestate`
+/// and `baggage` are removed from the request, so no handler can read them: trace
+/// context is correlation only, never input to a decision, and nothing from it is stored.
+/// Every request runs inside one `harness.request` span that records the route
+/// template, the status and the stable error code, and nothing of the request itself.
+pub async fn trace_context(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let headers = req.headers();
+    let ingress = propagation::extract(
+        |name| headers.get(name).and_then(|v| v.to_str().ok()),
+        state.config().trace_ingress,
+    );
+    for name in ["traceparent", "tracestate", "baggage"] {
+        req.headers_mut().remove(name);
     }
-    next.run(req).await
+    let span = spans::request(req.method().as_str(), &route);
+    propagation::apply(&span, &ingress);
+    let response = next.run(req).instrument(span.clone()).await;
+    let status = response.status();
+    spans::record_count(&span, spans::keys::HTTP_STATUS, u64::from(status.as_u16()));
+    match response.extensions().get::<ErrorMark>() {
+        Some(mark) => spans::record_error(&span, mark.code.as_str()),
+        None if status.is_client_error() || status.is_server_error() => {
+            spans::record_error(&span, ErrorCode::from_status(status).as_str())
+        }
+        None => spans::record_ok(&span),
+    }
+    response
 }
 
-/// `version-traceid-parentid-flags`, lowercase hex; ids not all zero; version `ff` invalid.
-pub fn valid_traceparent(value: &str) -> bool {
-    let parts: Vec<&str> = value.trim().split('-').collect();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
-    match parts.as_slice() {
-        [version, trace, parent, flags, rest @ ..] => {
-            hex(version, 2)
-                && *version != "ff"
-                // Version 00 has exactly four fields; later versions may append more.
-                && (rest.is_empty() || *version != "00")
-                && hex(trace, 32)
-                && nonzero(trace)
-                && hex(parent, 16)
-                && nonzero(parent)
-                && hex(flags, 2)
-        }
-        _ => false,
+/// Runs one step of a request inside its span and records the outcome: `ok`, or the
+/// stable error code of the [`ApiError`] (never its message).
+pub async fn traced<T, E>(
+    span: tracing::Span,
+    step: impl Future<Output = Result<T, E>>,
+) -> Result<T, ApiError>
+where
+    ApiError: From<E>,
+{
+    let result = step.instrument(span.clone()).await.map_err(ApiError::from);
+    match &result {
+        Ok(_) => spans::record_ok(&span),
+        Err(e) => spans::record_error(&span, e.code.as_str()),
     }
+    result
 }
 
 /// Any error response that is not already our JSON shape (router 404/405, a rejection
@@ -141,32 +162,4 @@ pub async fn no_route() -> Response {
         ApiError::new(ErrorCode::NotFound, "no such route; see /openapi.json").into_response();
     *response.status_mut() = StatusCode::NOT_FOUND;
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn traceparent_syntax() {
-        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        assert!(valid_traceparent(ok));
-        assert!(
-            valid_traceparent("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"),
-            "future versions may add fields"
-        );
-        for bad in [
-            "",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
-            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
-            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
-            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
-            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
-        ] {
-            assert!(!valid_traceparent(bad), "{bad:?}");
-        }
-    }
 }

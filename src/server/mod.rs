@@ -4,7 +4,8 @@
 //! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
 //!   scope that caller may touch.
 //! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
-//!   [`middleware`]: deadline, metrics, trace context, JSON safety net.
+//!   [`middleware`]: deadline, metrics, trace context and the request span, JSON
+//!   safety net.
 //! - [`admin`]: `/live`, `/ready`, `/metrics` on their own port.
 //! - [`local`]: `serve` mode's data directory, identity key and token file.
 //!
@@ -22,7 +23,11 @@ use axum::{
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{domain::ids::Keyring, domain::limits::Limits, store::Store};
+use crate::{
+    domain::{ids::Keyring, limits::Limits, memory::policy::SharedMemoryPolicies},
+    store::Store,
+    telemetry::IngressPolicy,
+};
 
 pub mod admin;
 pub mod auth;
@@ -31,6 +36,8 @@ pub mod dto;
 pub mod error;
 pub mod extract;
 pub mod local;
+pub mod memory_config;
+pub mod memory_routes;
 pub mod middleware;
 pub mod openapi;
 pub mod routes;
@@ -47,6 +54,8 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Largest request body accepted (413 `too_large` above).
     pub max_body_bytes: usize,
+    /// What to do with a well-formed incoming `traceparent` (spec 000 "Propagation").
+    pub trace_ingress: IngressPolicy,
 }
 
 impl ServerConfig {
@@ -56,6 +65,7 @@ impl ServerConfig {
             limits,
             request_timeout: Duration::from_secs(10),
             max_body_bytes,
+            trace_ingress: IngressPolicy::default(),
         }
     }
 }
@@ -67,6 +77,7 @@ struct Inner {
     config: ServerConfig,
     metrics: admin::Metrics,
     bindings: authz::BindingCache,
+    memory_policies: SharedMemoryPolicies,
     openapi_json: String,
 }
 
@@ -99,6 +110,7 @@ impl AppState {
             config,
             metrics,
             bindings: authz::BindingCache::default(),
+            memory_policies: SharedMemoryPolicies::default(),
             openapi_json,
         }))
     }
@@ -120,6 +132,12 @@ impl AppState {
     pub fn bindings(&self) -> &authz::BindingCache {
         &self.0.bindings
     }
+    /// The memory policy snapshot every `/v1/memory` call reads. Replace it (or upsert
+    /// one `MemoryPolicy`) through this handle: `serve` loads it from files at start; the
+    /// operator's `MemoryPolicy` watch keeps it current (docs/memory.md).
+    pub fn memory_policies(&self) -> &SharedMemoryPolicies {
+        &self.0.memory_policies
+    }
 }
 
 /// The API router: `/v1/...` and `/openapi.json`, with every request-wide layer.
@@ -136,7 +154,10 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             middleware::track,
         ))
-        .layer(axum::middleware::from_fn(middleware::trace_context))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::trace_context,
+        ))
         .layer(axum::middleware::from_fn(middleware::json_errors))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .with_state(state)

@@ -20,6 +20,11 @@ use super::{
         ApiJson, ApiQuery, Authenticated, BindingPath, Codec, IdempotencyKey, OpaqueBody,
         OptionalEpoch, PutPrecondition, StateIdPath, SubjectHeader, WorkerFence,
     },
+    middleware::traced,
+};
+use crate::{
+    domain::ids::BindingId,
+    telemetry::spans::{self, Step, keys},
 };
 use crate::{
     domain::state::{CommitRequest, PendingInterrupt, ResumeRequest, RunTerminal, check_key},
@@ -41,6 +46,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_streams, delete_stream))
         .routes(routes!(get_interrupt))
         .routes(routes!(resume_interrupt))
+        .merge(super::memory_routes::router())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -145,6 +151,13 @@ fn octet_stream(bytes: Vec<u8>) -> Response {
         .into_response()
 }
 
+/// A step span under `harness.request`, with its operation and binding (a keyed digest).
+fn step_span(step: Step, operation: &'static str, binding: &BindingId) -> tracing::Span {
+    let span = spans::operation(step, operation);
+    spans::record(&span, keys::BINDING_ID, binding.as_str());
+    span
+}
+
 fn page_limit(state: &AppState, limit: Option<u32>) -> Result<usize, ApiError> {
     let max = state.config().limits.max_page;
     match limit {
@@ -215,7 +228,9 @@ async fn bind(
         lease_generation: 1,
         created_at_ms: now_ms(),
     };
-    let (stored, created) = state.store().ensure_binding(&record).await?;
+    let span = step_span(Step::SessionBinding, "binding.create", &record.binding_id);
+    let (stored, created) = traced(span.clone(), state.store().ensure_binding(&record)).await?;
+    spans::record(&span, keys::CREATED, created);
     state.auth().bound(&caller, &stored.binding_id).await;
     let status = if created {
         StatusCode::CREATED
@@ -254,9 +269,14 @@ async fn load_head(
     Codec(codec): Codec,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<HeadResponse>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Get, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
-    let head = state.store().load_head(&scope).await?;
+    let (record, scope) =
+        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, codec).await?;
+    let span = step_span(Step::ThreadStateLoad, "state.head", &record.binding_id);
+    let head = traced(span.clone(), state.store().load_head(&scope)).await?;
+    if let Some(head) = &head {
+        spans::record_count(&span, keys::REVISION, head.revision);
+        spans::record_count(&span, keys::SIZE_BYTES, head.size);
+    }
     Ok(Json(HeadResponse {
         head: head.map(Into::into),
     }))
@@ -275,13 +295,18 @@ async fn read_state(
     Codec(codec): Codec,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Response, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Get, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
-    let body = state
-        .store()
-        .read_state(&scope, &state_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("state"))?;
+    let (record, scope) =
+        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, codec).await?;
+    let span = step_span(Step::ThreadStateLoad, "state.read", &record.binding_id);
+    let body = traced(span.clone(), async {
+        state
+            .store()
+            .read_state(&scope, &state_id)
+            .await?
+            .ok_or_else(|| ApiError::not_found("state"))
+    })
+    .await?;
+    spans::record_count(&span, keys::SIZE_BYTES, body.len() as u64);
     Ok(octet_stream(body))
 }
 
@@ -304,15 +329,26 @@ async fn write_pending(
     SubjectHeader(named): SubjectHeader,
     OpaqueBody(body): OpaqueBody,
 ) -> Result<(StatusCode, Json<PendingState>), ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        codec,
+    )
+    .await?;
     let digest = state
         .keyring()
         .idempotency_digest(&record.binding_id, "state.write", &key);
-    let pending = state
-        .store()
-        .write_native_state(&scope, &body, &digest)
-        .await?;
+    let span = step_span(Step::ThreadStateWrite, "state.pending", &record.binding_id);
+    spans::record_count(&span, keys::SIZE_BYTES, body.len() as u64);
+    let pending = traced(
+        span,
+        state.store().write_native_state(&scope, &body, &digest),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(pending.into())))
 }
 
@@ -335,8 +371,16 @@ async fn commit(
     SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<CommitBody>,
 ) -> Result<Json<Head>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        codec,
+    )
+    .await?;
     key_rule(&state, "run_id", &body.run_id)?;
     key_rule(&state, "state_id", &body.state_id)?;
     let interrupt = match body.interrupt {
@@ -375,7 +419,10 @@ async fn commit(
         }),
         interrupt,
     };
-    let head = state.store().commit_head(&scope, &request).await?;
+    let span = step_span(Step::ThreadStateCommit, "state.commit", &record.binding_id);
+    spans::record_count(&span, keys::LEASE_GENERATION, scope.lease_generation);
+    let head = traced(span.clone(), state.store().commit_head(&scope, &request)).await?;
+    spans::record_count(&span, keys::REVISION, head.revision);
     Ok(Json(head.into()))
 }
 
@@ -396,8 +443,16 @@ async fn mark_uncertain(
     SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<UncertainBody>,
 ) -> Result<Json<UncertainRuns>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        codec,
+    )
+    .await?;
     key_rule(&state, "run_id", &body.run_id)?;
     if body.reason.is_empty()
         || body.reason.len() > 256
@@ -407,11 +462,19 @@ async fn mark_uncertain(
             "reason must be 1 to 256 printable characters",
         ));
     }
-    state
-        .store()
-        .mark_uncertain(&scope, &body.run_id, &body.reason)
-        .await?;
-    let runs = state.store().uncertain_runs(&scope).await?;
+    let span = step_span(
+        Step::ThreadStateWrite,
+        "state.uncertain",
+        &record.binding_id,
+    );
+    let runs = traced(span, async {
+        state
+            .store()
+            .mark_uncertain(&scope, &body.run_id, &body.reason)
+            .await?;
+        state.store().uncertain_runs(&scope).await
+    })
+    .await?;
     Ok(Json(UncertainRuns {
         uncertain_runs: runs.into_iter().map(Into::into).collect(),
     }))
@@ -433,14 +496,18 @@ async fn get_object(
     fence: WorkerFence,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Response, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Get, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) =
+        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
     key_rule(&state, "object key", &q.key)?;
-    let object = state
-        .store()
-        .get_object(&scope, &q.key)
-        .await?
-        .ok_or_else(|| ApiError::not_found("object"))?;
+    let span = step_span(Step::ThreadStateLoad, "object.get", &record.binding_id);
+    let object = traced(span, async {
+        state
+            .store()
+            .get_object(&scope, &q.key)
+            .await?
+            .ok_or_else(|| ApiError::not_found("object"))
+    })
+    .await?;
     let mut response = octet_stream(object.body.unwrap_or_default());
     let headers = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", object.meta.version)) {
@@ -470,13 +537,20 @@ async fn put_object(
     SubjectHeader(named): SubjectHeader,
     OpaqueBody(body): OpaqueBody,
 ) -> Result<Json<Object>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        None,
+    )
+    .await?;
     key_rule(&state, "object key", &q.key)?;
-    let meta = state
-        .store()
-        .put_object(&scope, &q.key, &body, mode)
-        .await?;
+    let span = step_span(Step::ThreadStateWrite, "object.put", &record.binding_id);
+    spans::record_count(&span, keys::SIZE_BYTES, body.len() as u64);
+    let meta = traced(span, state.store().put_object(&scope, &q.key, &body, mode)).await?;
     Ok(Json(meta.into()))
 }
 
@@ -492,8 +566,8 @@ async fn list_objects(
     fence: WorkerFence,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<ObjectList>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Get, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) =
+        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
     let limit = page_limit(&state, q.limit)?;
     if !q.prefix.is_empty() {
         key_rule(&state, "prefix", &q.prefix)?;
@@ -507,7 +581,9 @@ async fn list_objects(
         limit,
         with_bodies: q.with_bodies,
     };
-    let objects = state.store().list_objects(&scope, &query).await?;
+    let span = step_span(Step::ThreadStateLoad, "object.list", &record.binding_id);
+    let objects = traced(span.clone(), state.store().list_objects(&scope, &query)).await?;
+    spans::record_count(&span, keys::COUNT, objects.len() as u64);
     let next_before = if objects.len() == limit {
         objects.last().map(|o| o.meta.key.clone())
     } else {
@@ -532,10 +608,24 @@ async fn delete_objects(
     fence: WorkerFence,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<Deleted>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        None,
+    )
+    .await?;
     key_rule(&state, "prefix", &q.prefix)?;
-    let deleted = state.store().delete_objects(&scope, &q.prefix).await?;
+    let span = step_span(Step::ThreadStateWrite, "object.delete", &record.binding_id);
+    let deleted = traced(
+        span.clone(),
+        state.store().delete_objects(&scope, &q.prefix),
+    )
+    .await?;
+    spans::record_count(&span, keys::COUNT, deleted);
     Ok(Json(Deleted { deleted }))
 }
 
@@ -558,8 +648,16 @@ async fn append_entries(
     SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<AppendBody>,
 ) -> Result<Json<Appended>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        None,
+    )
+    .await?;
     key_rule(&state, "stream name", &q.stream)?;
     let mut entries = Vec::with_capacity(body.entries.len());
     for (i, e) in body.entries.into_iter().enumerate() {
@@ -574,7 +672,9 @@ async fn append_entries(
             body: bytes,
         });
     }
-    let outcome = state.store().append(&scope, &q.stream, &entries).await?;
+    let span = step_span(Step::ThreadStateWrite, "stream.append", &record.binding_id);
+    spans::record_count(&span, keys::COUNT, entries.len() as u64);
+    let outcome = traced(span, state.store().append(&scope, &q.stream, &entries)).await?;
     Ok(Json(outcome.into()))
 }
 
@@ -590,14 +690,17 @@ async fn load_entries(
     fence: WorkerFence,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<StreamEntries>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Get, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) =
+        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
     key_rule(&state, "stream name", &q.stream)?;
     let limit = page_limit(&state, q.limit)?;
-    let entries = state
-        .store()
-        .load_stream(&scope, &q.stream, q.after, limit)
-        .await?;
+    let span = step_span(Step::ThreadStateLoad, "stream.load", &record.binding_id);
+    let entries = traced(
+        span.clone(),
+        state.store().load_stream(&scope, &q.stream, q.after, limit),
+    )
+    .await?;
+    spans::record_count(&span, keys::COUNT, entries.len() as u64);
     Ok(Json(StreamEntries {
         entries: entries.into_iter().map(Into::into).collect(),
     }))
@@ -615,12 +718,14 @@ async fn list_streams(
     fence: WorkerFence,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<StreamList>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Get, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) =
+        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
     if !q.prefix.is_empty() {
         key_rule(&state, "prefix", &q.prefix)?;
     }
-    let streams = state.store().list_streams(&scope, &q.prefix).await?;
+    let span = step_span(Step::ThreadStateLoad, "stream.list", &record.binding_id);
+    let streams = traced(span.clone(), state.store().list_streams(&scope, &q.prefix)).await?;
+    spans::record_count(&span, keys::COUNT, streams.len() as u64);
     Ok(Json(StreamList {
         streams: streams.into_iter().map(Into::into).collect(),
     }))
@@ -639,10 +744,20 @@ async fn delete_stream(
     fence: WorkerFence,
     SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<Deleted>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, None)?;
+    let (record, scope) = authz::worker_access(
+        &state,
+        &caller,
+        &id,
+        BindingVerb::Update,
+        named,
+        &fence,
+        None,
+    )
+    .await?;
     key_rule(&state, "stream name", &q.stream)?;
-    let deleted = state.store().delete_stream(&scope, &q.stream).await?;
+    let span = step_span(Step::ThreadStateWrite, "stream.delete", &record.binding_id);
+    let deleted = traced(span.clone(), state.store().delete_stream(&scope, &q.stream)).await?;
+    spans::record_count(&span, keys::COUNT, deleted);
     Ok(Json(Deleted { deleted }))
 }
 
@@ -662,7 +777,8 @@ async fn get_interrupt(
 ) -> Result<Json<InterruptResponse>, ApiError> {
     let record = authz::binding(&state, &caller, &id, BindingVerb::Get, named).await?;
     let scope = authz::control_scope(&state, &record, epoch);
-    let interrupt = state.store().pending_interrupt(&scope).await?;
+    let span = step_span(Step::ThreadStateLoad, "interrupt.get", &record.binding_id);
+    let interrupt = traced(span, state.store().pending_interrupt(&scope)).await?;
     Ok(Json(InterruptResponse {
         interrupt: interrupt.map(Into::into),
     }))
@@ -707,6 +823,11 @@ async fn resume_interrupt(
         ),
         response: body.response,
     };
-    let outcome = state.store().resume(&scope, &request).await?;
+    let span = step_span(
+        Step::ThreadStateWrite,
+        "interrupt.resume",
+        &record.binding_id,
+    );
+    let outcome = traced(span, state.store().resume(&scope, &request)).await?;
     Ok(Json(outcome.into()))
 }

@@ -34,6 +34,13 @@ pub struct Serve {
     _tmp: Option<tempfile::TempDir>,
 }
 
+impl Serve {
+    /// The server's process id (for its memory use).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -43,10 +50,25 @@ impl Drop for Serve {
 
 /// Starts `serve` with `args` and `envs`; waits for its banner and for `/ready`.
 pub fn spawn_with(args: &[&str], envs: &[(&str, &Path)]) -> (Child, Banner) {
+    let envs: Vec<(&str, String)> = envs
+        .iter()
+        .map(|(k, v)| (*k, v.to_string_lossy().into_owned()))
+        .collect();
+    spawn_with_env(args, &envs)
+}
+
+/// [`spawn_with`] with string environment values (e.g. `OTEL_*` settings).
+pub fn spawn_with_env(args: &[&str], envs: &[(&str, String)]) -> (Child, Banner) {
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(args);
+    // Hermetic: no OpenTelemetry setting leaks in from the test's own environment.
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("OTEL_") {
+            cmd.env_remove(k);
+        }
+    }
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -158,6 +180,15 @@ pub fn serve(extra_args: &[&str]) -> Serve {
 
 /// A `serve` with a token file of several principals: `(principal, token, subjects)`.
 pub fn serve_with_principals(principals: &[(&str, &str, &[&str])], extra_args: &[&str]) -> Serve {
+    serve_with_principals_env(principals, extra_args, &[])
+}
+
+/// [`serve_with_principals`] with extra environment variables for the process.
+pub fn serve_with_principals_env(
+    principals: &[(&str, &str, &[&str])],
+    extra_args: &[&str],
+    envs: &[(&str, String)],
+) -> Serve {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let data_dir = tmp.path().join("data");
     let tokens_file = tmp.path().join("tokens.json");
@@ -179,7 +210,7 @@ pub fn serve_with_principals(principals: &[(&str, &str, &[&str])], extra_args: &
         tokens.as_str(),
     ];
     args.extend_from_slice(extra_args);
-    let (child, banner) = spawn_with(&args, &[]);
+    let (child, banner) = spawn_with_env(&args, envs);
     let token = principals
         .first()
         .map(|(_, t, _)| (*t).to_owned())
