@@ -394,6 +394,11 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             shutdown_signal().await;
             let _ = stop_tx.send(true);
         });
+        tokio::spawn(operator::memory_policy::feed(
+            client.clone(),
+            args.namespace.clone(),
+            state.memory_policies().clone(),
+        ));
         let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
         let webhook_task = match args.webhook_listen {
             Some(addr) => {

@@ -154,3 +154,48 @@ async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
     }
     Ok(Action::requeue(Duration::from_secs(60)))
 }
+
+/// Keeps the data plane's policy snapshot equal to the valid `MemoryPolicy` objects it
+/// can see. Runs on every replica (each serves the data plane), not only the leader.
+/// Policies are keyed by name: run one operator per namespace (`--namespace`) when
+/// names repeat across namespaces.
+pub async fn feed(
+    client: kube::Client,
+    namespace: Option<String>,
+    shared: crate::domain::memory::policy::SharedMemoryPolicies,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<MemoryPolicy> = match &namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let mut initial: Vec<MemoryPolicy> = Vec::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => initial.clear(),
+            Ok(watcher::Event::InitApply(p)) => initial.push(p),
+            Ok(watcher::Event::InitDone) => {
+                let mut set = (*shared.snapshot()).clone();
+                set.policies.clear();
+                for p in initial.drain(..) {
+                    if validate(&p).is_ok() {
+                        set.policies.insert(p.name_any(), p.spec);
+                    }
+                }
+                shared.replace(set);
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                if validate(&p).is_ok() {
+                    shared.upsert(&p.name_any(), p.spec);
+                } else {
+                    shared.remove(&p.name_any());
+                }
+            }
+            Ok(watcher::Event::Delete(p)) => shared.remove(&p.name_any()),
+            Err(e) => eprintln!("harness-engine operator: watching MemoryPolicies: {e}"),
+        }
+    }
+}
