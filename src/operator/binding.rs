@@ -772,15 +772,11 @@ async fn progress_claim(
             format!("SandboxClaim {name} is being deleted"),
         ))
     } else if !claim_ready || sandbox_name.is_none() {
-        let why = claim
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-            .map(|c| format!("{}: {}", c.reason, c.message))
-            .unwrap_or_else(|| "no status yet".into());
+        // The claim's own reason is in its status; repeating each of its changes here
+        // would cost a status write per change and tell nothing new.
         Err((
             "ClaimNotReady",
-            format!("waiting for SandboxClaim {name} to be Ready ({why})"),
+            format!("waiting for SandboxClaim {name} to be Ready"),
         ))
     } else {
         Ok(sandbox_name.unwrap_or_default())

@@ -21,7 +21,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
-        Controller,
+        Controller, WatchStreamExt,
         controller::{self, Action},
         events::{Event, Recorder, Reporter},
         reflector::ObjectRef,
@@ -395,6 +395,24 @@ fn error_policy<K>(_obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
     Action::requeue(Duration::from_secs(2))
 }
 
+/// What a binding reconcile reacts to on the binding itself: everything but status.
+fn binding_trigger(b: &HarnessBinding) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let m = &b.metadata;
+    m.generation.hash(&mut h);
+    m.labels.hash(&mut h);
+    m.annotations.hash(&mut h);
+    m.finalizers.hash(&mut h);
+    m.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut h);
+    // A status nobody wrote yet (or one wiped by a restore) needs a reconcile too.
+    b.status.is_none().hash(&mut h);
+    Some(h.finish())
+}
+
 /// Runs the three controllers until `shutdown` resolves. Call only while leading.
 pub async fn run_controllers<F>(ctx: Arc<Context>, config: &OperatorConfig, shutdown: F)
 where
@@ -407,11 +425,23 @@ where
     let ns = config.namespace.as_deref();
     let cc = controller::Config::default().concurrency(config.concurrency);
 
-    let bindings = Controller::new(
+    // Our own status writes must not re-trigger reconciles (each would cost reads and
+    // nothing else): a binding is reconciled when what a user or the API server changes
+    // moves (generation, labels, annotations, finalizers, deletion), when its children
+    // move, or when it asked to be requeued.
+    let (reader, writer) = kube::runtime::reflector::store();
+    let trigger = watcher(
         api::<HarnessBinding>(&client, ns),
         watcher::Config::default(),
     )
-    .with_config(cc.clone());
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .predicate_filter(
+        binding_trigger,
+        kube::runtime::utils::PredicateConfig::default(),
+    );
+    let bindings = Controller::for_stream(trigger, reader).with_config(cc.clone());
     let store = bindings.store();
     let by_profile = store.clone();
     let pod_ctx = ctx.clone();
