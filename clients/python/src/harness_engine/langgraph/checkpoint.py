@@ -48,7 +48,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 
-from .._core import derived_key, sha256_digest
+from .._core import Head, derived_key, sha256_digest
 from ..client import AsyncHarnessClient, AsyncWorker, HarnessClient, Worker
 from ..errors import HarnessError
 
@@ -166,6 +166,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         self.worker = worker
         self.async_worker = async_worker
         self._revision: int | None = None
+        self._head: Head | None = None
         self._lock = threading.Lock()
         self._alock: asyncio.Lock | None = None
 
@@ -269,11 +270,31 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     def _maintenance(op: str, **fields: Any) -> bytes:
         return _frame({"kind": "maintenance", "op": op, **fields})
 
+    # --- the head ------------------------------------------------------------------
+
+    def load_head(self) -> Head | None:
+        """Load the durable head and pin its revision as the one this saver extends
+        (spec 000 commit protocol, step 1). Called lazily by the first write; call it
+        when the worker starts to fence out any writer that commits after that."""
+        w = self._w()
+        with self._lock:
+            self._revision = None
+            self._sync_revision(w)
+        return self._head
+
+    async def aload_head(self) -> Head | None:
+        w = self._aw()
+        async with self._alock_get():
+            self._revision = None
+            await self._async_revision(w)
+        return self._head
+
     # --- sync API ------------------------------------------------------------------
 
     def _sync_revision(self, w: Worker) -> int:
         if self._revision is None:
             head = w.load_head()
+            self._head = head
             self._revision = head.revision if head else 0
             if head is not None:
                 self._repair(w, head.state_id)
@@ -299,6 +320,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
                 idempotency_key=derived_key("lgc", pending.state_id, str(expected)),
             )
             self._revision = head.revision
+            self._head = head
 
     def put(
         self,
@@ -463,6 +485,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     async def _async_revision(self, w: AsyncWorker) -> int:
         if self._revision is None:
             head = await w.load_head()
+            self._head = head
             self._revision = head.revision if head else 0
             if head is not None:
                 await self._arepair(w, head.state_id)
@@ -490,6 +513,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
                 idempotency_key=derived_key("lgc", pending.state_id, str(expected)),
             )
             self._revision = head.revision
+            self._head = head
 
     async def aput(
         self,
