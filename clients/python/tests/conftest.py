@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import serve as serve_mod  # noqa: E402
+from harness_engine import testing as serve_mod  # noqa: E402
 
 from harness_engine import AsyncHarnessClient, HarnessClient  # noqa: E402
 

@@ -1,9 +1,9 @@
-"""A real `harness-engine serve` process for the Python suites.
+"""Start a real `harness-engine serve` for tests and examples.
 
 Ports are picked by the server (port 0; the bound addresses are read from its banner),
-the data directory is a fresh temp dir, and the process is stopped when the handle
-closes. The binary comes from `HARNESS_ENGINE_BIN` (scripts/python-tests.sh sets it),
-else `target/debug/harness-engine` of this repository.
+the data directory is a fresh temp dir unless one is given, and `Serve.stop()` stops
+the process. The binary is `HARNESS_ENGINE_BIN`, else `target/debug/harness-engine` of
+the source checkout this file sits in, else `harness-engine` on `PATH`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+# clients/python/src/harness_engine/testing.py -> the repository root
+REPO = Path(__file__).resolve().parents[4]
 
 
 def binary() -> str:
@@ -27,7 +28,10 @@ def binary() -> str:
     if explicit:
         return explicit
     target = os.environ.get("CARGO_TARGET_DIR") or str(REPO / "target")
-    return str(Path(target) / "debug" / "harness-engine")
+    built = Path(target) / "debug" / "harness-engine"
+    if built.exists():
+        return str(built)
+    return shutil.which("harness-engine") or str(built)
 
 
 @dataclass
@@ -57,7 +61,8 @@ class Serve:
 
 
 def start(data_dir: Path | None = None, extra_args: list[str] | None = None) -> Serve:
-    """Starts `serve`; with `data_dir`, reuses that directory (a restart)."""
+    """Starts `serve`; with `data_dir`, reuses that directory (a restart: the server
+    prints no token then, so keep the first one)."""
     tmp = None
     if data_dir is None:
         tmp = tempfile.mkdtemp(prefix="he-py-")
