@@ -8,6 +8,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,26 @@ from harness_engine import testing as serve_mod  # noqa: E402
 from harness_engine import AsyncHarnessClient, HarnessClient  # noqa: E402
 
 
+@dataclass
+class External:
+    """A server someone else started (scripts/python-tests.sh)."""
+
+    api: str
+    token: str
+    data_dir: Path
+
+    @property
+    def database(self) -> Path:
+        return self.data_dir / "state.db"
+
+
 @pytest.fixture(scope="session")
-def server() -> Iterator[serve_mod.Serve]:
+def server() -> Iterator[serve_mod.Serve | External]:
+    endpoint = os.environ.get("HARNESS_ENGINE_TEST_ENDPOINT")
+    if endpoint:
+        token = Path(os.environ["HARNESS_ENGINE_TEST_TOKEN_FILE"]).read_text().strip()
+        yield External(endpoint, token, Path(os.environ["HARNESS_ENGINE_TEST_DATA_DIR"]))
+        return
     # The conformance suites write in bursts; the default per-binding rate limit
     # (500/s) would only make them slower (the client retries 429s), so raise it.
     s = serve_mod.start(extra_args=["--writes-per-second", "5000", "--write-burst", "10000"])
