@@ -18,15 +18,19 @@ under it):
   `StaleLease`, and neither leaves a checkpoint behind. Maintenance calls (delete,
   copy, prune) commit a small record too, so the head is the one linearization point.
 
-If a worker dies between the commit and the object write, the next saver on the
-binding finds the head's checkpoint missing from the index and writes it back from the
-committed body (`_repair`).
+The object write of checkpoint N runs in the background, overlapping the graph's next
+step, and is always finished before the commit of checkpoint N+1 and before this saver
+reads: so every indexed checkpoint was committed, and at most the head's own checkpoint
+can be missing from the index. If a worker dies before that write, the next saver on
+the binding finds the head's checkpoint missing and writes it back from the committed
+body (`_repair`). `flush()` / `aflush()` wait for the write explicitly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import struct
 import threading
@@ -167,8 +171,12 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         self.async_worker = async_worker
         self._revision: int | None = None
         self._head: Head | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._alock: asyncio.Lock | None = None
+        # The checkpoint object write still in flight (see the module docstring).
+        self._executor: ThreadPoolExecutor | None = None
+        self._behind: Future[Any] | None = None
+        self._abehind: asyncio.Future[Any] | None = None
 
     @classmethod
     def connect(
@@ -270,6 +278,40 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     def _maintenance(op: str, **fields: Any) -> bytes:
         return _frame({"kind": "maintenance", "op": op, **fields})
 
+    # --- the write in flight --------------------------------------------------------
+
+    def _settle(self) -> None:
+        with self._lock:
+            behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.result()  # a failed object write surfaces here
+
+    async def _asettle(self) -> None:
+        behind, self._abehind = self._abehind, None
+        if behind is not None:
+            await behind
+
+    def flush(self) -> None:
+        """Wait for the last checkpoint's object write."""
+        self._settle()
+
+    async def aflush(self) -> None:
+        await self._asettle()
+        self._settle()
+
+    def close(self) -> None:
+        self._settle()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _write_behind(self, w: Worker, key: str, body: bytes) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harness-lg-index")
+        self._behind = self._executor.submit(
+            w.put_object, key, body, idempotency_key=derived_key("lgo", key, sha256_digest(body))
+        )
+
     # --- the head ------------------------------------------------------------------
 
     def load_head(self) -> Head | None:
@@ -277,6 +319,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         (spec 000 commit protocol, step 1). Called lazily by the first write; call it
         when the worker starts to fence out any writer that commits after that."""
         w = self._w()
+        self._settle()
         with self._lock:
             self._revision = None
             self._sync_revision(w)
@@ -284,6 +327,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def aload_head(self) -> Head | None:
         w = self._aw()
+        await self._asettle()
         async with self._alock_get():
             self._revision = None
             await self._async_revision(w)
@@ -309,10 +353,11 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if w.get_object(key) is None:
             w.put_object(key, body, idempotency_key=derived_key("lgo", key, sha256_digest(body)))
 
-    def _commit(self, w: Worker, body: bytes, run_id: str, ident: str) -> None:
+    def _commit(self, w: Worker, body: bytes, run_id: str, ident: str, index: str | None = None) -> None:
         with self._lock:
             expected = self._sync_revision(w)
             pending = w.write_pending(body, idempotency_key=derived_key("lgp", ident, sha256_digest(body)))
+            self._settle()  # checkpoint N is indexed before N+1 commits
             head = w.commit(
                 pending.state_id,
                 expected,
@@ -321,6 +366,8 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             )
             self._revision = head.revision
             self._head = head
+            if index is not None:
+                self._write_behind(w, index, body)
 
     def put(
         self,
@@ -332,8 +379,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         w = self._w()
         thread_id, ns, cid, body = self._record(config, checkpoint, metadata)
         key = object_key(thread_id, ns, cid)
-        self._commit(w, body, self._run_id(metadata, cid), key)
-        w.put_object(key, body, idempotency_key=derived_key("lgo", key, sha256_digest(body)))
+        self._commit(w, body, self._run_id(metadata, cid), key, index=key)
         return _config(thread_id, ns, cid)
 
     def put_writes(
@@ -355,6 +401,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         w = self._w()
+        self._settle()
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
@@ -410,6 +457,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         w = self._w()
+        self._settle()
         prefix, only_id = self._prefix_for(config)
         page = limit if (limit and not filter and not only_id and not before) else 1000
         objs = (_Record(self, o.body or b"") for o in w.iter_objects(prefix, with_bodies=True, page=page))
@@ -428,6 +476,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         w = self._w()
+        self._settle()
         op = uuid.uuid4().hex
         self._commit(w, self._maintenance("delete_thread", thread_id=thread_id), f"lg-maint-{op}", op)
         w.delete_objects(thread_prefix(thread_id), idempotency_key=derived_key("lgdt", op))
@@ -438,12 +487,14 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         w = self._w()
+        self._settle()
         op = uuid.uuid4().hex
         self._commit(w, self._maintenance("delete_for_runs", run_ids=sorted(wanted)), f"lg-maint-{op}", op)
         self._drop(w, [r for r in self._records(w, "lg/") if str(r.metadata.get("run_id")) in wanted])
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         w = self._w()
+        self._settle()
         recs = self._records(w, thread_prefix(source_thread_id))
         op = uuid.uuid4().hex
         self._commit(
@@ -465,6 +516,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         w = self._w()
+        self._settle()
         for thread_id in thread_ids:
             if strategy == "delete":
                 self.delete_thread(thread_id)
@@ -500,12 +552,15 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if await w.get_object(key) is None:
             await w.put_object(key, body, idempotency_key=derived_key("lgo", key, sha256_digest(body)))
 
-    async def _acommit(self, w: AsyncWorker, body: bytes, run_id: str, ident: str) -> None:
+    async def _acommit(
+        self, w: AsyncWorker, body: bytes, run_id: str, ident: str, index: str | None = None
+    ) -> None:
         async with self._alock_get():
             expected = await self._async_revision(w)
             pending = await w.write_pending(
                 body, idempotency_key=derived_key("lgp", ident, sha256_digest(body))
             )
+            await self._asettle()  # checkpoint N is indexed before N+1 commits
             head = await w.commit(
                 pending.state_id,
                 expected,
@@ -514,6 +569,10 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             )
             self._revision = head.revision
             self._head = head
+            if index is not None:
+                self._abehind = asyncio.ensure_future(
+                    w.put_object(index, body, idempotency_key=derived_key("lgo", index, sha256_digest(body)))
+                )
 
     async def aput(
         self,
@@ -525,8 +584,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         w = self._aw()
         thread_id, ns, cid, body = self._record(config, checkpoint, metadata)
         key = object_key(thread_id, ns, cid)
-        await self._acommit(w, body, self._run_id(metadata, cid), key)
-        await w.put_object(key, body, idempotency_key=derived_key("lgo", key, sha256_digest(body)))
+        await self._acommit(w, body, self._run_id(metadata, cid), key, index=key)
         return _config(thread_id, ns, cid)
 
     async def aput_writes(
@@ -550,6 +608,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         w = self._aw()
+        await self._asettle()
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
@@ -573,6 +632,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         w = self._aw()
+        await self._asettle()
         prefix, only_id = self._prefix_for(config)
         page = limit if (limit and not filter and not only_id and not before) else 1000
         before_id = get_checkpoint_id(before) if before else None
@@ -603,6 +663,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         w = self._aw()
+        await self._asettle()
         op = uuid.uuid4().hex
         await self._acommit(w, self._maintenance("delete_thread", thread_id=thread_id), f"lg-maint-{op}", op)
         await w.delete_objects(thread_prefix(thread_id), idempotency_key=derived_key("lgdt", op))
@@ -613,6 +674,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         w = self._aw()
+        await self._asettle()
         op = uuid.uuid4().hex
         await self._acommit(
             w, self._maintenance("delete_for_runs", run_ids=sorted(wanted)), f"lg-maint-{op}", op
@@ -622,6 +684,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         w = self._aw()
+        await self._asettle()
         recs = await self._arecords(w, thread_prefix(source_thread_id))
         op = uuid.uuid4().hex
         await self._acommit(
@@ -645,6 +708,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         w = self._aw()
+        await self._asettle()
         for thread_id in thread_ids:
             if strategy == "delete":
                 await self.adelete_thread(thread_id)
