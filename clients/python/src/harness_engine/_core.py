@@ -206,7 +206,7 @@ def retry_delay(settings: Settings, attempt: int, resp: httpx.Response | None) -
             return min(float(ra), 5.0)
         except ValueError:
             pass
-    return settings.backoff * (2**attempt)
+    return float(settings.backoff * (2**attempt))
 
 
 # --- Typed results -------------------------------------------------------------------

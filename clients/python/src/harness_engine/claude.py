@@ -53,8 +53,8 @@ def _session_stream(project_key: str, session_id: str) -> str:
 
 def _stream(key: SessionKey | SessionListSubkeysKey) -> str:
     base = _session_stream(key["project_key"], key["session_id"])
-    subpath = key.get("subpath")  # type: ignore[union-attr]
-    if subpath:
+    subpath = key.get("subpath")
+    if isinstance(subpath, str) and subpath:
         return f"{base}/{quote(subpath, safe='/')}"
     return base
 

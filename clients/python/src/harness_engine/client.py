@@ -149,7 +149,7 @@ class HarnessClient:
         """A worker on `binding`, fenced by `fence` (default: the binding's current one,
         read once now)."""
         if isinstance(binding, str):
-            binding = self.get_binding(binding) if fence is None else binding  # type: ignore[assignment]
+            binding = self.get_binding(binding) if fence is None else binding
         binding_id = binding if isinstance(binding, str) else binding.binding_id
         fence = fence or binding.fence  # type: ignore[union-attr]
         return Worker(self, WorkerCalls(binding_id, fence, codec))

@@ -47,16 +47,18 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    SerializerProtocol,
     get_checkpoint_id,
     get_checkpoint_metadata,
 )
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .._core import Head, derived_key, sha256_digest
 from ..client import AsyncHarnessClient, AsyncWorker, HarnessClient, Worker
 from ..errors import HarnessError
 
 CODEC = "langgraph-checkpoint-v1"
+_List = list  # the saver has a method named `list`
 _LEN = struct.Struct(">I")
 
 
@@ -126,9 +128,10 @@ class _Record:
         return self._metadata
 
     def checkpoint(self) -> Checkpoint:
-        return self._serde.loads_typed(self._cp)
+        checkpoint: Checkpoint = self._serde.loads_typed(self._cp)
+        return checkpoint
 
-    def tuple(self, writes: list[tuple[str, str, Any]]) -> CheckpointTuple:
+    def tuple(self, writes: _List[tuple[str, str, Any]]) -> CheckpointTuple:
         return CheckpointTuple(
             config=_config(self.thread_id, self.ns, self.checkpoint_id),
             checkpoint=self.checkpoint(),
@@ -248,8 +251,8 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     def _write_entries(
         self, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
-    ) -> list[tuple[str, bytes]]:
-        entries: list[tuple[str, bytes]] = []
+    ) -> _List[tuple[str, bytes]]:
+        entries: _List[tuple[str, bytes]] = []
         for idx, (channel, value) in enumerate(writes):
             widx = WRITES_IDX_MAP.get(channel, idx)
             vt, vb = self.serde.dumps_typed(value)
@@ -262,7 +265,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             entries.append((entry_id, body))
         return entries
 
-    def _decode_writes(self, entries: Sequence[Any]) -> list[tuple[str, str, Any]]:
+    def _decode_writes(self, entries: Sequence[Any]) -> _List[tuple[str, str, Any]]:
         latest: dict[tuple[str, int], tuple[dict[str, Any], bytes]] = {}
         for e in entries:  # seq order: a later special write replaces an earlier one
             header, rest = _unframe(e.body)
@@ -396,7 +399,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         entries = self._write_entries(writes, task_id, task_path)
         self._w().append(stream, entries, idempotency_key=derived_key("lgw", stream, *(e for e, _ in entries)))
 
-    def _writes(self, w: Worker, rec: _Record) -> list[tuple[str, str, Any]]:
+    def _writes(self, w: Worker, rec: _Record) -> _List[tuple[str, str, Any]]:
         return self._decode_writes(w.load_all(writes_stream(rec.thread_id, rec.ns, rec.checkpoint_id)))
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -464,7 +467,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         for rec in self._select(objs, only_id, filter, before, limit):
             yield rec.tuple(self._writes(w, rec))
 
-    def _records(self, w: Worker, prefix: str) -> list[_Record]:
+    def _records(self, w: Worker, prefix: str) -> _List[_Record]:
         return [_Record(self, o.body or b"") for o in w.iter_objects(prefix, with_bodies=True)]
 
     def _drop(self, w: Worker, recs: Sequence[_Record]) -> None:
@@ -603,7 +606,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             stream, entries, idempotency_key=derived_key("lgw", stream, *(e for e, _ in entries))
         )
 
-    async def _awrites(self, w: AsyncWorker, rec: _Record) -> list[tuple[str, str, Any]]:
+    async def _awrites(self, w: AsyncWorker, rec: _Record) -> _List[tuple[str, str, Any]]:
         return self._decode_writes(await w.load_all(writes_stream(rec.thread_id, rec.ns, rec.checkpoint_id)))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -651,7 +654,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
                 left -= 1
             yield rec.tuple(await self._awrites(w, rec))
 
-    async def _arecords(self, w: AsyncWorker, prefix: str) -> list[_Record]:
+    async def _arecords(self, w: AsyncWorker, prefix: str) -> _List[_Record]:
         return [_Record(self, o.body or b"") async for o in w.iter_objects(prefix, with_bodies=True)]
 
     async def _adrop(self, w: AsyncWorker, recs: Sequence[_Record]) -> None:
