@@ -138,3 +138,18 @@ def test_commit_without_object_is_repaired_by_the_next_worker(client) -> None:
     repaired = fresh.get_tuple(cfg)
     assert repaired.config == latest.config
     assert repaired.checkpoint["channel_values"] == latest.checkpoint["channel_values"]
+
+
+async def test_connect_gives_one_writer_for_sync_and_async(server) -> None:
+    from harness_engine import HarnessClient
+
+    with HarnessClient(server.api, token=server.token) as c:
+        binding = c.bind("agent-lg", f"conv-{uuid.uuid4().hex}", "deepagents")
+    saver = HarnessCheckpointSaver.connect(binding.binding_id, server.api, token=server.token)
+    cfg = {"configurable": {"thread_id": "t"}}
+    build(saver).invoke({"steps": []}, cfg)
+    after_sync = saver.revision
+    out = await build(saver).ainvoke({"steps": ["more"]}, cfg)
+    assert out["steps"][:3] == ["plan:0", "act:1", "reflect:2"]
+    assert saver.revision > after_sync
+    saver.close()

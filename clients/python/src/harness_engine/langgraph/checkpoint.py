@@ -195,10 +195,8 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         client = HarnessClient(endpoint, token=token, token_file=token_file)
         worker = client.worker(binding_id, codec=CODEC)
         aclient = AsyncHarnessClient(endpoint, token=token, token_file=token_file)
-        from ..client import AsyncWorker as _AW
-
-        aworker = _AW(aclient, worker.calls)
-        return cls(worker, async_worker=aworker, serde=serde)
+        # The same binding and fence for both: one writer, two calling conventions.
+        return cls(worker, async_worker=AsyncWorker(aclient, worker.calls), serde=serde)
 
     # --- helpers -------------------------------------------------------------------
 
@@ -293,6 +291,10 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         behind, self._abehind = self._abehind, None
         if behind is not None:
             await behind
+        with self._lock:
+            sync_behind, self._behind = self._behind, None
+        if sync_behind is not None:  # a write left by the sync API on the same saver
+            await asyncio.wrap_future(sync_behind)
 
     def flush(self) -> None:
         """Wait for the last checkpoint's object write."""
@@ -300,7 +302,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def aflush(self) -> None:
         await self._asettle()
-        self._settle()
 
     def close(self) -> None:
         self._settle()
