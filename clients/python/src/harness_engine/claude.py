@@ -35,7 +35,7 @@ from claude_agent_sdk.types import (
     SessionSummaryEntry,
 )
 
-from ._core import derived_key
+from ._core import derived_key, sha256_digest
 from .client import AsyncWorker
 from .errors import Conflict
 
@@ -89,7 +89,7 @@ class HarnessSessionStore(SessionStore):
             entry_id = f"u:{uid}" if isinstance(uid, str) and uid else f"n:{uuid.uuid4().hex}"
             batch.append((entry_id, json.dumps(entry, separators=(",", ":")).encode()))
         await self.worker.append(
-            stream, batch, idempotency_key=derived_key("cla", stream, *(i for i, _ in batch))
+            stream, batch, idempotency_key=derived_key("cla", stream, *(f"{i}={sha256_digest(b)}" for i, b in batch))
         )
         if self._summaries and not key.get("subpath"):
             await self._fold(key)

@@ -398,7 +398,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         stream = writes_stream(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")), conf["checkpoint_id"])
         entries = self._write_entries(writes, task_id, task_path)
-        self._w().append(stream, entries, idempotency_key=derived_key("lgw", stream, *(e for e, _ in entries)))
+        self._w().append(stream, entries, idempotency_key=derived_key("lgw", stream, *(f"{e}={sha256_digest(b)}" for e, b in entries)))
 
     def _writes(self, w: Worker, rec: _Record) -> _List[tuple[str, str, Any]]:
         return self._decode_writes(w.load_all(writes_stream(rec.thread_id, rec.ns, rec.checkpoint_id)))
@@ -604,7 +604,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         stream = writes_stream(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")), conf["checkpoint_id"])
         entries = self._write_entries(writes, task_id, task_path)
         await self._aw().append(
-            stream, entries, idempotency_key=derived_key("lgw", stream, *(e for e, _ in entries))
+            stream, entries, idempotency_key=derived_key("lgw", stream, *(f"{e}={sha256_digest(b)}" for e, b in entries))
         )
 
     async def _awrites(self, w: AsyncWorker, rec: _Record) -> _List[tuple[str, str, Any]]:
