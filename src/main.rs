@@ -27,7 +27,7 @@ enum Command {
     /// Run the data-plane HTTP API alone, on the embedded SQLite store, without
     /// Kubernetes. With no flags it creates its data directory, identity key and token
     /// file, and prints where they are.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the OpenAPI document of the data-plane API (JSON), or write it to a file.
     Openapi {
         /// Write the document here instead of printing it.
@@ -77,11 +77,18 @@ struct ServeArgs {
     /// Write burst per binding above the sustained rate (default: the built-in limit).
     #[arg(long)]
     write_burst: Option<u32>,
+    /// Deployment memory configuration (YAML): organization, approvers, application
+    /// writers, the strictest write policy, retention policies. See docs/memory.md.
+    #[arg(long, value_name = "FILE")]
+    memory_config: Option<PathBuf>,
+    /// `MemoryPolicy` objects (YAML, several documents per file allowed). Repeatable.
+    #[arg(long = "memory-policy", value_name = "FILE")]
+    memory_policies: Vec<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(args) => serve(args)?,
+        Command::Serve(args) => serve(*args)?,
         Command::Openapi { out } => {
             let json = server::openapi::to_json(&server::openapi::document());
             match out {
@@ -126,6 +133,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(burst) = args.write_burst {
         limits.write_burst = burst;
     }
+    let memory = server::memory_config::load(args.memory_config.as_deref(), &args.memory_policies)
+        .context("loading memory policy")?;
     let mut config = ServerConfig::new(limits.clone());
     config.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
 
@@ -158,6 +167,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         drop(out);
 
         let state = AppState::new(store, setup.keyring, Arc::new(setup.tokens), config);
+        state.memory_policies().replace(memory);
         server::serve(state, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
         Ok(())

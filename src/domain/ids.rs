@@ -103,6 +103,14 @@ impl Keyring {
         ))
     }
 
+    /// The keyed namespace of long-term memory for one scope and its components
+    /// (`spec/001_78d7ff78f70a2a2a.txt` §5 `namespace_key`): `mn_` and 64 hex digits.
+    pub fn memory_namespace(&self, scope: &str, parts: &[&str]) -> String {
+        let mut all: Vec<&[u8]> = vec![scope.as_bytes()];
+        all.extend(parts.iter().map(|p| p.as_bytes()));
+        format!("mn_{}", hex::encode(self.mac("memory-namespace/v1", &all)))
+    }
+
     /// The stored form of a client idempotency key, bound to the binding and operation
     /// so one key reused across bindings or operations never aliases.
     pub fn idempotency_digest(

@@ -6,4 +6,5 @@
 
 pub mod ids;
 pub mod limits;
+pub mod memory;
 pub mod state;

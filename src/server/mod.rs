@@ -22,7 +22,10 @@ use axum::{
 use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{domain::ids::Keyring, domain::limits::Limits, store::Store};
+use crate::{
+    domain::{ids::Keyring, limits::Limits, memory::policy::SharedMemoryPolicies},
+    store::Store,
+};
 
 pub mod admin;
 pub mod auth;
@@ -31,6 +34,8 @@ pub mod dto;
 pub mod error;
 pub mod extract;
 pub mod local;
+pub mod memory_config;
+pub mod memory_routes;
 pub mod middleware;
 pub mod openapi;
 pub mod routes;
@@ -67,6 +72,7 @@ struct Inner {
     config: ServerConfig,
     metrics: admin::Metrics,
     bindings: authz::BindingCache,
+    memory_policies: SharedMemoryPolicies,
     openapi_json: String,
 }
 
@@ -89,6 +95,7 @@ impl AppState {
             config,
             metrics: admin::Metrics::default(),
             bindings: authz::BindingCache::default(),
+            memory_policies: SharedMemoryPolicies::default(),
             openapi_json,
         }))
     }
@@ -109,6 +116,12 @@ impl AppState {
     }
     pub fn bindings(&self) -> &authz::BindingCache {
         &self.0.bindings
+    }
+    /// The memory policy snapshot every `/v1/memory` call reads. Replace it (or upsert
+    /// one `MemoryPolicy`) through this handle: `serve` loads it from files at start; the
+    /// operator's `MemoryPolicy` watch keeps it current (docs/memory.md).
+    pub fn memory_policies(&self) -> &SharedMemoryPolicies {
+        &self.0.memory_policies
     }
 }
 

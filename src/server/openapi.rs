@@ -33,6 +33,7 @@ See docs/api.md.",
         (name = "objects", description = "Binding-scoped native objects"),
         (name = "streams", description = "Binding-scoped native streams"),
         (name = "interrupts", description = "Pending interrupts"),
+        (name = "memory", description = "Long-term memory: get, search, put, delete, approve, reject"),
     )
 )]
 struct ApiDoc;

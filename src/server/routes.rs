@@ -41,6 +41,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_streams, delete_stream))
         .routes(routes!(get_interrupt))
         .routes(routes!(resume_interrupt))
+        .merge(super::memory_routes::router())
 }
 
 // ---------------------------------------------------------------------------------------

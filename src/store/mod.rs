@@ -20,8 +20,11 @@ use crate::domain::{
     },
 };
 
+pub mod memory;
 pub mod mongo;
 pub mod sqlite;
+
+pub use memory::MemoryStore;
 
 /// Why a store call failed: the request broke a rule (a stable code for the caller), or
 /// the backend failed (retry may help; the outcome of a write may be unknown).
@@ -291,11 +294,12 @@ pub trait RetentionStore: Send + Sync {
 
 /// Everything a backend provides.
 pub trait Store:
-    BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore
+    BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore + MemoryStore
 {
 }
-impl<T: BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore> Store
-    for T
+impl<
+    T: BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore + MemoryStore,
+> Store for T
 {
 }
 

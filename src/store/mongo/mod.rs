@@ -38,6 +38,7 @@
 mod atomic;
 mod bindings;
 mod layout;
+mod memory;
 mod native;
 mod retention;
 mod state;
@@ -113,6 +114,7 @@ pub struct MongoStore {
     sessions: Collection<Document>,
     state: Collection<Document>,
     audit: Collection<Document>,
+    memories: Collection<Document>,
     limits: Limits,
     rate: WriteRateLimiter,
     /// Write concern of bookkeeping writes (see the module documentation).
@@ -182,7 +184,8 @@ impl MongoStore {
         let store = MongoStore {
             sessions: db.collection_with_options(SESSIONS, collection_options.clone()),
             state: db.collection_with_options(STATE, collection_options.clone()),
-            audit: db.collection_with_options(AUDIT, collection_options),
+            audit: db.collection_with_options(AUDIT, collection_options.clone()),
+            memories: db.collection_with_options(memory::MEMORIES, collection_options),
             rate: WriteRateLimiter::new(&limits),
             limits,
             hint: WriteConcern::builder().w(Acknowledgment::Nodes(1)).build(),
@@ -275,7 +278,7 @@ impl MongoStore {
             ))
             .await
             .ctx("creating the harness_audit indexes")?;
-        Ok(())
+        self.create_memory_indexes().await
     }
 
     /// Holds the binding's lock when updates must be serialized in-process (FerretDB);
@@ -519,5 +522,75 @@ impl RetentionStore for MongoStore {
 
     async fn audit_records(&self, limit: usize) -> Result<Vec<AuditRecord>> {
         self.audit_records_impl(limit).await
+    }
+}
+
+#[async_trait]
+impl crate::store::MemoryStore for MongoStore {
+    async fn get_memory(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        key: &str,
+        include_unadmitted: bool,
+        now_ms: i64,
+    ) -> Result<Option<crate::domain::memory::MemoryRecord>> {
+        self.get_memory_impl(namespace, key, include_unadmitted, now_ms)
+            .await
+    }
+
+    async fn put_memory(
+        &self,
+        put: &crate::store::memory::MemoryPut,
+    ) -> Result<crate::domain::memory::MemoryWriteOutcome> {
+        self.put_memory_impl(put).await
+    }
+
+    async fn delete_memory(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        key: &str,
+        expected_revision: u64,
+        actor: &str,
+    ) -> Result<crate::domain::memory::MemoryWriteOutcome> {
+        self.delete_memory_impl(namespace, key, expected_revision, actor)
+            .await
+    }
+
+    async fn decide_memory(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        key: &str,
+        decision: &crate::store::memory::MemoryDecision,
+    ) -> Result<crate::domain::memory::MemoryWriteOutcome> {
+        self.decide_memory_impl(namespace, key, decision).await
+    }
+
+    async fn memory_candidates(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        query: &crate::store::memory::CandidateQuery,
+    ) -> Result<Vec<crate::domain::memory::rank::Candidate>> {
+        self.memory_candidates_impl(namespace, query).await
+    }
+
+    async fn sweep_memory(&self, now_ms: i64) -> Result<crate::store::memory::MemorySweepReport> {
+        self.sweep_memory_impl(now_ms).await
+    }
+
+    async fn revoke_memory_source(
+        &self,
+        source_binding: &BindingId,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<u64> {
+        self.revoke_memory_source_impl(source_binding, actor, now_ms)
+            .await
+    }
+
+    async fn load_memories(
+        &self,
+        records: Vec<crate::domain::memory::MemoryRecord>,
+    ) -> Result<u64> {
+        self.load_memories_impl(records).await
     }
 }

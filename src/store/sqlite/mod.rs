@@ -11,6 +11,7 @@
 //! tables (`spec/001_78d7ff78f70a2a2a.txt` §2, §4, §6, §7).
 
 mod bindings;
+mod memory;
 mod native;
 mod readers;
 mod retention;
@@ -632,3 +633,109 @@ impl RetentionStore for SqliteStore {
 
 #[cfg(test)]
 mod tests;
+
+#[async_trait]
+impl crate::store::MemoryStore for SqliteStore {
+    async fn get_memory(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        key: &str,
+        include_unadmitted: bool,
+        now_ms: i64,
+    ) -> Result<Option<crate::domain::memory::MemoryRecord>> {
+        let (ns, key) = (namespace.clone(), key.to_owned());
+        self.readers
+            .read(move |tx| memory::get(tx, &ns, &key, include_unadmitted, now_ms))
+            .await
+    }
+
+    async fn put_memory(
+        &self,
+        put: &crate::store::memory::MemoryPut,
+    ) -> Result<crate::domain::memory::MemoryWriteOutcome> {
+        let put = put.clone();
+        self.writer.run(move |conn| memory::put(conn, &put)).await
+    }
+
+    async fn delete_memory(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        key: &str,
+        expected_revision: u64,
+        actor: &str,
+    ) -> Result<crate::domain::memory::MemoryWriteOutcome> {
+        let (ns, key, actor) = (namespace.clone(), key.to_owned(), actor.to_owned());
+        self.writer
+            .run(move |conn| memory::delete(conn, &ns, &key, expected_revision, &actor, now_ms()))
+            .await
+    }
+
+    async fn decide_memory(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        key: &str,
+        decision: &crate::store::memory::MemoryDecision,
+    ) -> Result<crate::domain::memory::MemoryWriteOutcome> {
+        let (ns, key, d) = (namespace.clone(), key.to_owned(), decision.clone());
+        self.writer
+            .run(move |conn| memory::decide(conn, &ns, &key, &d))
+            .await
+    }
+
+    async fn memory_candidates(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        query: &crate::store::memory::CandidateQuery,
+    ) -> Result<Vec<crate::domain::memory::rank::Candidate>> {
+        let (ns, q) = (namespace.clone(), query.clone());
+        self.readers
+            .read(move |tx| memory::candidates(tx, &ns, &q))
+            .await
+    }
+
+    async fn sweep_memory(&self, now_ms: i64) -> Result<crate::store::memory::MemorySweepReport> {
+        let mut report = crate::store::memory::MemorySweepReport {
+            swept_at_ms: now_ms,
+            ..Default::default()
+        };
+        loop {
+            let batch = self
+                .writer
+                .run(move |conn| memory::sweep_batch(conn, now_ms))
+                .await?;
+            if batch.is_empty() {
+                break;
+            }
+            for (policy, n) in batch {
+                report.expired += n;
+                *report.by_policy.entry(policy).or_insert(0) += n;
+            }
+        }
+        let audit = report.clone();
+        self.writer
+            .run(move |conn| memory::sweep_audit(conn, &audit))
+            .await?;
+        Ok(report)
+    }
+
+    async fn revoke_memory_source(
+        &self,
+        source_binding: &BindingId,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<u64> {
+        let (source, actor) = (source_binding.as_str().to_owned(), actor.to_owned());
+        self.writer
+            .run(move |conn| memory::revoke_source(conn, &source, &actor, now_ms))
+            .await
+    }
+
+    async fn load_memories(
+        &self,
+        records: Vec<crate::domain::memory::MemoryRecord>,
+    ) -> Result<u64> {
+        self.writer
+            .run(move |conn| memory::load(conn, &records))
+            .await
+    }
+}

@@ -1,0 +1,144 @@
+//! Loading memory policy for `serve`: the deployment configuration
+//! (`--memory-config FILE`, a [`DeploymentMemoryConfig`] in YAML or JSON) and
+//! `MemoryPolicy` objects (`--memory-policy FILE`, repeatable, each file one or more
+//! YAML documents in the same shape `kubectl apply` takes). In Kubernetes mode the
+//! operator feeds the same [`crate::domain::memory::policy::SharedMemoryPolicies`]
+//! from its watch instead.
+
+use std::path::{Path, PathBuf};
+
+use crate::{
+    api::memory_policy::MemoryPolicy,
+    domain::memory::policy::{DeploymentMemoryConfig, MemoryPolicySet},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryConfigError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+}
+
+fn read(path: &Path) -> Result<String, MemoryConfigError> {
+    std::fs::read_to_string(path).map_err(|source| MemoryConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Builds the policy set from the files; every error names its file.
+pub fn load(
+    config: Option<&Path>,
+    policies: &[PathBuf],
+) -> Result<MemoryPolicySet, MemoryConfigError> {
+    let deployment = match config {
+        None => DeploymentMemoryConfig::default(),
+        Some(path) => {
+            let d: DeploymentMemoryConfig =
+                serde_saphyr::from_str(&read(path)?).map_err(|e| MemoryConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+            d.validate().map_err(|message| MemoryConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            })?;
+            d
+        }
+    };
+    let mut set = MemoryPolicySet {
+        deployment,
+        ..Default::default()
+    };
+    for path in policies {
+        let objects: Vec<MemoryPolicy> =
+            serde_saphyr::from_multiple(&read(path)?).map_err(|e| MemoryConfigError::Parse {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        for object in objects {
+            let name = match (&object.metadata.namespace, &object.metadata.name) {
+                (_, None) => {
+                    return Err(MemoryConfigError::Invalid {
+                        path: path.clone(),
+                        message: "a MemoryPolicy needs metadata.name".into(),
+                    });
+                }
+                (Some(ns), Some(name)) => format!("{ns}/{name}"),
+                (None, Some(name)) => name.clone(),
+            };
+            if set.policies.insert(name.clone(), object.spec).is_some() {
+                return Err(MemoryConfigError::Invalid {
+                    path: path.clone(),
+                    message: format!("MemoryPolicy {name} is defined twice"),
+                });
+            }
+        }
+    }
+    Ok(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_deployment_and_policies_and_names_bad_files() {
+        let dir = tempfile_dir();
+        let config = dir.join("memory.yaml");
+        std::fs::write(
+            &config,
+            "organization: acme\napprovers: [reviewer]\nmaxWritePolicy: approval_for_sensitive\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let policy = dir.join("policies.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: harness-engine.dev/v1alpha1\nkind: MemoryPolicy\nmetadata: {name: support, namespace: agents}\nspec:\n  agentSelector: {agentIds: [support-bot]}\n  writePolicy: automatic_scoped\n---\napiVersion: harness-engine.dev/v1alpha1\nkind: MemoryPolicy\nmetadata: {name: rest}\nspec:\n  agentSelector: {allAgents: true}\n  enabled: false\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let set =
+            load(Some(&config), std::slice::from_ref(&policy)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(set.deployment.organization.as_deref(), Some("acme"));
+        let e = set.effective("support-bot");
+        assert_eq!(e.policy.as_deref(), Some("agents/support"));
+        assert_eq!(
+            e.write_policy,
+            crate::domain::memory::WritePolicy::ApprovalForSensitive,
+            "the deployment ceiling wins"
+        );
+        assert!(!set.effective("other").enabled);
+
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, "organization: [\n").unwrap_or_else(|e| panic!("{e}"));
+        let err = load(Some(&bad), &[])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("bad.yaml"), "{err}");
+        std::fs::write(&bad, "retention: []\n").unwrap_or_else(|e| panic!("{e}"));
+        let err = load(Some(&bad), &[])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("retention"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "he-memcfg-{}-{}",
+            std::process::id(),
+            crate::store::now_ms()
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        dir
+    }
+}

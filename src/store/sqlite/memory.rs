@@ -1,0 +1,555 @@
+//! `harness_memories` on SQLite (`spec/001_78d7ff78f70a2a2a.txt` §5).
+//!
+//! One row per record, unique on `(namespace_key, memory_key)`; the namespace's other
+//! components (environment, scope, agent, subject) are stored next to it for audit and
+//! listing. Lexical search uses an FTS5 table holding only admitted records: each row
+//! carries the namespace digest as a column and every query is
+//! `ns:<digest> AND text:(terms)`, so the namespace is part of the index lookup itself
+//! and a record of another namespace can never become a candidate. BM25 comes from FTS5
+//! (its corpus statistics span the table; they influence the order of a namespace's own
+//! results only, never which records are returned).
+//!
+//! Writes run on the store's single writer, so a compare-and-set is the read and the
+//! write inside one transaction, with its audit record in the same transaction.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde::{Deserialize, Serialize};
+
+use super::{SqlContext, corrupt, retention::audit, sql_int};
+use crate::{
+    domain::{
+        memory::{
+            ApprovalRecord, ApprovalStatus, Classification, MemoryKind, MemoryRecord,
+            MemoryWriteOutcome, Namespace, Provenance, WriteOutcomeKind, kind_str, parse_kind,
+            parse_scope, rank::Candidate, scope_str,
+        },
+        state::Rejection,
+    },
+    store::{
+        Result,
+        memory::{
+            CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, audit_action,
+            audit_detail, plan_decision, plan_delete, plan_put, plan_revocation,
+        },
+    },
+};
+
+/// Schema version 2: memory. Applied on top of version 1.
+pub(super) const SCHEMA_V2: &str = r"
+CREATE TABLE harness_memories (
+    rowid             INTEGER PRIMARY KEY,
+    id                TEXT    NOT NULL UNIQUE,
+    environment_id    TEXT    NOT NULL,
+    scope             TEXT    NOT NULL,
+    namespace_key     TEXT    NOT NULL,
+    agent_id          TEXT    NOT NULL,
+    subject_ref       TEXT,
+    kind              TEXT    NOT NULL,
+    memory_key        TEXT    NOT NULL,
+    approval_status   TEXT    NOT NULL,
+    revision          INTEGER NOT NULL CHECK (revision >= 1),
+    importance        REAL    NOT NULL,
+    retention_policy  TEXT    NOT NULL,
+    review_required   INTEGER NOT NULL CHECK (review_required IN (0, 1)),
+    source_binding_id TEXT,
+    source_run_id     TEXT,
+    content_hash      TEXT    NOT NULL,
+    media_type        TEXT    NOT NULL,
+    created_at_ms     INTEGER NOT NULL,
+    updated_at_ms     INTEGER NOT NULL,
+    expires_at_ms     INTEGER,
+    meta_json         TEXT    NOT NULL,
+    embedding         BLOB,
+    body              TEXT    NOT NULL,
+    UNIQUE (namespace_key, memory_key)
+) STRICT;
+-- Authorized listing and recent candidates (spec 001 §5 index 2).
+CREATE INDEX harness_memories_listing ON harness_memories (namespace_key, updated_at_ms DESC);
+-- Audit and revocation (index 3).
+CREATE INDEX harness_memories_source ON harness_memories (source_binding_id, source_run_id)
+    WHERE source_binding_id IS NOT NULL;
+-- Expiry sweeps (index 4 is a TTL index on MongoDB; here the sweeper uses this).
+CREATE INDEX harness_memories_expiry ON harness_memories (expires_at_ms)
+    WHERE expires_at_ms IS NOT NULL;
+-- Lexical search over admitted records only; rowid = harness_memories.rowid.
+CREATE VIRTUAL TABLE harness_memories_fts USING fts5(ns, text, detail = 'column');
+";
+
+const COLUMNS: &str = "rowid, id, environment_id, scope, namespace_key, agent_id, subject_ref, kind, memory_key, approval_status, revision, importance, retention_policy, review_required, content_hash, media_type, created_at_ms, updated_at_ms, expires_at_ms, meta_json, embedding, body";
+
+/// Expired records deleted per sweep transaction.
+const SWEEP_BATCH: i64 = 2_000;
+
+/// What is stored as JSON: the parts never filtered on.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    provenance: Provenance,
+    approval: ApprovalRecord,
+    classification: Classification,
+    source_revisions: Vec<u64>,
+}
+
+fn embedding_blob(e: &Option<Vec<f32>>) -> Option<Vec<u8>> {
+    e.as_ref()
+        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+fn embedding_of(blob: Option<Vec<u8>>) -> Option<Vec<f32>> {
+    blob.map(|b| {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    })
+}
+
+/// The FTS column value for a namespace: its hex digest, one token.
+fn ns_token(namespace_key: &str) -> &str {
+    namespace_key.strip_prefix("mn_").unwrap_or(namespace_key)
+}
+
+struct Raw {
+    rowid: i64,
+    record: MemoryRecord,
+}
+
+fn decode(row: &Row<'_>) -> rusqlite::Result<(i64, Result<MemoryRecord>)> {
+    let rowid: i64 = row.get(0)?;
+    let scope: String = row.get(3)?;
+    let kind: String = row.get(7)?;
+    let status: String = row.get(9)?;
+    let meta: String = row.get(19)?;
+    let revision: i64 = row.get(10)?;
+    let importance: f64 = row.get(11)?;
+    let review: i64 = row.get(13)?;
+    let fields = (
+        row.get::<_, String>(1)?,
+        row.get::<_, String>(2)?,
+        row.get::<_, String>(4)?,
+        row.get::<_, String>(5)?,
+        row.get::<_, Option<String>>(6)?,
+        row.get::<_, String>(8)?,
+        row.get::<_, String>(12)?,
+        row.get::<_, String>(14)?,
+        row.get::<_, String>(15)?,
+        row.get::<_, i64>(16)?,
+        row.get::<_, i64>(17)?,
+        row.get::<_, Option<i64>>(18)?,
+        row.get::<_, Option<Vec<u8>>>(20)?,
+        row.get::<_, String>(21)?,
+    );
+    let build = move || -> Result<MemoryRecord> {
+        let (
+            id,
+            environment,
+            ns_key,
+            agent_id,
+            subject_ref,
+            memory_key,
+            retention,
+            hash,
+            media,
+            created,
+            updated,
+            expires,
+            emb,
+            body,
+        ) = fields;
+        let meta: Meta = serde_json::from_str(&meta).map_err(|e| corrupt("memory metadata", e))?;
+        Ok(MemoryRecord {
+            id,
+            namespace: Namespace {
+                environment,
+                scope: parse_scope(&scope).ok_or_else(|| corrupt("memory scope", &scope))?,
+                key: ns_key,
+                agent_id,
+                subject_ref,
+            },
+            kind: parse_kind(&kind).ok_or_else(|| corrupt("memory kind", &kind))?,
+            memory_key,
+            media_type: media,
+            body,
+            content_hash: hash,
+            provenance: meta.provenance,
+            approval_status: ApprovalStatus::parse(&status)
+                .ok_or_else(|| corrupt("approval status", &status))?,
+            approval: meta.approval,
+            classification: meta.classification,
+            importance: importance as f32,
+            embedding: embedding_of(emb),
+            revision: u64::try_from(revision).map_err(|e| corrupt("memory revision", e))?,
+            source_revisions: meta.source_revisions,
+            retention_policy: retention,
+            review_required: review != 0,
+            created_at_ms: created,
+            updated_at_ms: updated,
+            expires_at_ms: expires,
+        })
+    };
+    Ok((rowid, build()))
+}
+
+fn current(conn: &Connection, namespace_key: &str, key: &str) -> Result<Option<Raw>> {
+    let found = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM harness_memories WHERE namespace_key = ?1 AND memory_key = ?2"
+        ))
+        .ctx("preparing the memory read")?
+        .query_row(params![namespace_key, key], decode)
+        .optional()
+        .ctx("reading a memory")?;
+    match found {
+        None => Ok(None),
+        Some((rowid, record)) => Ok(Some(Raw {
+            rowid,
+            record: record?,
+        })),
+    }
+}
+
+fn expired(record: &MemoryRecord, now_ms: i64) -> bool {
+    record.expires_at_ms.is_some_and(|at| at <= now_ms)
+}
+
+/// Inserts or replaces (by rowid) a record and keeps the FTS row in step.
+fn write_row(conn: &Connection, rowid: Option<i64>, r: &MemoryRecord) -> Result<i64> {
+    let meta = serde_json::to_string(&Meta {
+        provenance: r.provenance.clone(),
+        approval: r.approval.clone(),
+        classification: r.classification.clone(),
+        source_revisions: r.source_revisions.clone(),
+    })
+    .map_err(|e| corrupt("memory metadata", e))?;
+    let revision = sql_int("memory revision", r.revision)?;
+    let rowid: i64 = conn
+        .prepare_cached(
+            "INSERT INTO harness_memories (rowid, id, environment_id, scope, namespace_key, agent_id, subject_ref, kind, memory_key, approval_status, revision, importance, retention_policy, review_required, source_binding_id, source_run_id, content_hash, media_type, created_at_ms, updated_at_ms, expires_at_ms, meta_json, embedding, body)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)
+             ON CONFLICT (rowid) DO UPDATE SET kind = excluded.kind, approval_status = excluded.approval_status, revision = excluded.revision, importance = excluded.importance, retention_policy = excluded.retention_policy, review_required = excluded.review_required, source_binding_id = excluded.source_binding_id, source_run_id = excluded.source_run_id, content_hash = excluded.content_hash, media_type = excluded.media_type, updated_at_ms = excluded.updated_at_ms, expires_at_ms = excluded.expires_at_ms, meta_json = excluded.meta_json, embedding = excluded.embedding, body = excluded.body
+             RETURNING rowid",
+        )
+        .ctx("preparing the memory write")?
+        .query_row(
+            params![
+                rowid,
+                r.id,
+                r.namespace.environment,
+                scope_str(r.namespace.scope),
+                r.namespace.key,
+                r.namespace.agent_id,
+                r.namespace.subject_ref,
+                kind_str(r.kind),
+                r.memory_key,
+                r.approval_status.as_str(),
+                revision,
+                f64::from(r.importance),
+                r.retention_policy,
+                i64::from(r.review_required),
+                r.provenance.source_binding_id,
+                r.provenance.source_run_id,
+                r.content_hash,
+                r.media_type,
+                r.created_at_ms,
+                r.updated_at_ms,
+                r.expires_at_ms,
+                meta,
+                embedding_blob(&r.embedding),
+                r.body,
+            ],
+            |row| row.get(0),
+        )
+        .ctx("writing a memory")?;
+    index(conn, rowid, r)?;
+    Ok(rowid)
+}
+
+/// Keeps the FTS row of `rowid` equal to the record: present only while admitted.
+fn index(conn: &Connection, rowid: i64, r: &MemoryRecord) -> Result<()> {
+    unindex(conn, rowid)?;
+    if r.approval_status.searchable() {
+        conn.prepare_cached(
+            "INSERT INTO harness_memories_fts (rowid, ns, text) VALUES (?1, ?2, ?3)",
+        )
+        .ctx("preparing the memory index write")?
+        .execute(params![rowid, ns_token(&r.namespace.key), r.index_text()])
+        .ctx("indexing a memory")?;
+    }
+    Ok(())
+}
+
+fn unindex(conn: &Connection, rowid: i64) -> Result<()> {
+    conn.prepare_cached("DELETE FROM harness_memories_fts WHERE rowid = ?1")
+        .ctx("preparing the memory index delete")?
+        .execute([rowid])
+        .ctx("unindexing a memory")?;
+    Ok(())
+}
+
+fn delete_row(conn: &Connection, rowid: i64) -> Result<()> {
+    unindex(conn, rowid)?;
+    conn.prepare_cached("DELETE FROM harness_memories WHERE rowid = ?1")
+        .ctx("preparing the memory delete")?
+        .execute([rowid])
+        .ctx("deleting a memory")?;
+    Ok(())
+}
+
+fn audit_write(
+    conn: &Connection,
+    outcome: WriteOutcomeKind,
+    r: &MemoryRecord,
+    actor: &str,
+    at: i64,
+) -> Result<()> {
+    audit(
+        conn,
+        at,
+        audit_action(outcome),
+        r.provenance.source_binding_id.as_deref(),
+        &audit_detail(outcome, r, actor),
+    )
+}
+
+/// Removes an expired record found on the write path (the sweep would have), audited.
+fn drop_expired(conn: &Connection, raw: Raw, now_ms: i64) -> Result<()> {
+    delete_row(conn, raw.rowid)?;
+    audit(
+        conn,
+        now_ms,
+        "memory.expire",
+        raw.record.provenance.source_binding_id.as_deref(),
+        &serde_json::json!({"memory_id": raw.record.id, "revision": raw.record.revision, "retention_policy": raw.record.retention_policy}),
+    )
+}
+
+pub(super) fn get(
+    conn: &Connection,
+    ns: &Namespace,
+    key: &str,
+    include_unadmitted: bool,
+    now_ms: i64,
+) -> Result<Option<MemoryRecord>> {
+    Ok(current(conn, &ns.key, key)?
+        .map(|raw| raw.record)
+        .filter(|r| !expired(r, now_ms) && (include_unadmitted || r.approval_status.searchable())))
+}
+
+pub(super) fn put(conn: &Connection, put: &MemoryPut) -> Result<MemoryWriteOutcome> {
+    let ns = &put.record.namespace;
+    let now = put.record.updated_at_ms;
+    let mut existing = current(conn, &ns.key, &put.record.memory_key)?;
+    if let Some(raw) = existing.take_if(|raw| expired(&raw.record, now)) {
+        drop_expired(conn, raw, now)?;
+    }
+    let (next, outcome) = plan_put(existing.as_ref().map(|r| &r.record), put)?;
+    write_row(conn, existing.map(|r| r.rowid), &next)?;
+    audit_write(conn, outcome, &next, &next.provenance.writer, now)?;
+    Ok(MemoryWriteOutcome {
+        outcome,
+        record: next,
+    })
+}
+
+pub(super) fn delete(
+    conn: &Connection,
+    ns: &Namespace,
+    key: &str,
+    expected_revision: u64,
+    actor: &str,
+    now_ms: i64,
+) -> Result<MemoryWriteOutcome> {
+    let existing = current(conn, &ns.key, key)?.filter(|raw| !expired(&raw.record, now_ms));
+    let record = plan_delete(existing.as_ref().map(|r| &r.record), key, expected_revision)?;
+    if let Some(raw) = existing {
+        delete_row(conn, raw.rowid)?;
+    }
+    audit_write(conn, WriteOutcomeKind::Deleted, &record, actor, now_ms)?;
+    Ok(MemoryWriteOutcome {
+        outcome: WriteOutcomeKind::Deleted,
+        record,
+    })
+}
+
+pub(super) fn decide(
+    conn: &Connection,
+    ns: &Namespace,
+    key: &str,
+    d: &MemoryDecision,
+) -> Result<MemoryWriteOutcome> {
+    let existing = current(conn, &ns.key, key)?.filter(|raw| !expired(&raw.record, d.at_ms));
+    let (next, outcome) = plan_decision(existing.as_ref().map(|r| &r.record), key, d)?;
+    write_row(conn, existing.map(|r| r.rowid), &next)?;
+    audit_write(conn, outcome, &next, &d.decided_by, d.at_ms)?;
+    Ok(MemoryWriteOutcome {
+        outcome,
+        record: next,
+    })
+}
+
+/// The FTS5 query for `terms` in one namespace. Terms are alphanumeric (from
+/// `rank::query_terms`), quoted anyway so no term can be read as FTS syntax.
+fn match_expression(namespace_key: &str, terms: &[String]) -> Option<String> {
+    let quoted: Vec<String> = terms
+        .iter()
+        .filter(|t| t.chars().all(char::is_alphanumeric))
+        .map(|t| format!("\"{t}\""))
+        .collect();
+    if quoted.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "ns:\"{}\" AND text:({})",
+        ns_token(namespace_key),
+        quoted.join(" OR ")
+    ))
+}
+
+pub(super) fn candidates(
+    conn: &Connection,
+    ns: &Namespace,
+    q: &CandidateQuery,
+) -> Result<Vec<Candidate>> {
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let keep = |r: &MemoryRecord| {
+        r.namespace.key == ns.key
+            && r.approval_status.searchable()
+            && !expired(r, q.now_ms)
+            && (q.kinds.is_empty() || q.kinds.contains(&r.kind))
+    };
+    if let Some(expr) = match_expression(&ns.key, &q.terms) {
+        let limit = i64::try_from(q.lexical_limit).unwrap_or(i64::MAX);
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {cols}, c.score FROM (
+                     SELECT rowid AS rid, -bm25(harness_memories_fts, 0.0, 1.0) AS score
+                     FROM harness_memories_fts WHERE harness_memories_fts MATCH ?1
+                     ORDER BY bm25(harness_memories_fts, 0.0, 1.0) LIMIT ?2
+                 ) c JOIN harness_memories m ON m.rowid = c.rid
+                 WHERE m.namespace_key = ?3",
+                cols = COLUMNS
+                    .split(", ")
+                    .map(|c| format!("m.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .ctx("preparing the memory search")?;
+        let rows = stmt
+            .query_map(params![expr, limit, ns.key], |row| {
+                Ok((decode(row)?, row.get::<_, f64>(22)?))
+            })
+            .ctx("searching memory")?;
+        for row in rows {
+            let ((rowid, record), score) = row.ctx("reading a memory candidate")?;
+            let record = record?;
+            if keep(&record) && seen.insert(rowid) {
+                out.push(Candidate {
+                    record,
+                    lexical: score.max(0.0),
+                });
+            }
+        }
+    }
+    if q.recent > 0 {
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM harness_memories INDEXED BY harness_memories_listing
+                 WHERE namespace_key = ?1 AND approval_status IN ('approved', 'not_required')
+                 ORDER BY updated_at_ms DESC LIMIT ?2"
+            ))
+            .ctx("preparing the recent-memory read")?;
+        let rows = stmt
+            .query_map(
+                params![ns.key, i64::try_from(q.recent).unwrap_or(i64::MAX)],
+                decode,
+            )
+            .ctx("reading recent memories")?;
+        for row in rows {
+            let (rowid, record) = row.ctx("reading a recent memory")?;
+            let record = record?;
+            if keep(&record) && seen.insert(rowid) {
+                out.push(Candidate {
+                    record,
+                    lexical: 0.0,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One batch of the expiry sweep; returns what it removed by policy (empty: done).
+pub(super) fn sweep_batch(conn: &Connection, now_ms: i64) -> Result<BTreeMap<String, u64>> {
+    let expired: Vec<(i64, String)> = conn
+        .prepare_cached(
+            "SELECT rowid, retention_policy FROM harness_memories INDEXED BY harness_memories_expiry
+             WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1 LIMIT ?2",
+        )
+        .ctx("preparing the memory expiry scan")?
+        .query_map(params![now_ms, SWEEP_BATCH], |r| Ok((r.get(0)?, r.get(1)?)))
+        .ctx("scanning expired memories")?
+        .collect::<rusqlite::Result<_>>()
+        .ctx("scanning expired memories")?;
+    let mut by_policy = BTreeMap::new();
+    for (rowid, policy) in expired {
+        delete_row(conn, rowid)?;
+        *by_policy.entry(policy).or_insert(0u64) += 1;
+    }
+    Ok(by_policy)
+}
+
+pub(super) fn sweep_audit(conn: &Connection, report: &MemorySweepReport) -> Result<()> {
+    audit(
+        conn,
+        report.swept_at_ms,
+        "memory.sweep",
+        None,
+        &serde_json::to_value(report).map_err(|e| corrupt("sweep report", e))?,
+    )
+}
+
+pub(super) fn revoke_source(
+    conn: &Connection,
+    source: &str,
+    actor: &str,
+    now_ms: i64,
+) -> Result<u64> {
+    let rows: Vec<(i64, Result<MemoryRecord>)> = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM harness_memories INDEXED BY harness_memories_source
+             WHERE source_binding_id = ?1 AND kind = ?2 AND approval_status != 'revoked'"
+        ))
+        .ctx("preparing the revocation scan")?
+        .query_map(
+            params![source, kind_str(MemoryKind::EpisodicReference)],
+            decode,
+        )
+        .ctx("scanning a source's memories")?
+        .collect::<rusqlite::Result<_>>()
+        .ctx("scanning a source's memories")?;
+    let mut n = 0u64;
+    for (rowid, record) in rows {
+        let next = plan_revocation(&record?, actor, now_ms);
+        write_row(conn, Some(rowid), &next)?;
+        n += 1;
+    }
+    audit(
+        conn,
+        now_ms,
+        "memory.revoke_source",
+        Some(source),
+        &serde_json::json!({"episodic_references_revoked": n, "actor": actor}),
+    )?;
+    Ok(n)
+}
+
+pub(super) fn load(conn: &Connection, records: &[MemoryRecord]) -> Result<u64> {
+    for r in records {
+        if r.revision == 0 {
+            return Err(Rejection::Invalid("a loaded memory needs a revision".into()).into());
+        }
+        write_row(conn, None, r)?;
+    }
+    Ok(records.len() as u64)
+}
