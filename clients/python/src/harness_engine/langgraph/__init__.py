@@ -2,5 +2,6 @@
 (long-term memory store, on the memory API)."""
 
 from .checkpoint import CODEC, HarnessCheckpointSaver
+from .store import HarnessStore
 
-__all__ = ["CODEC", "HarnessCheckpointSaver"]
+__all__ = ["CODEC", "HarnessCheckpointSaver", "HarnessStore"]
