@@ -224,6 +224,26 @@ pub trait ThreadStateStore: Send + Sync {
         scope: &StateScope,
         request: &CommitRequest,
     ) -> Result<DurableStateHead>;
+    /// Steps 3 and 4 of the commit protocol in one call: stores `payload` as pending
+    /// (idempotently, as `write_native_state`) and commits it (as `commit_head`, whose
+    /// `request.state_id` is replaced by the new state's id). A backend that can runs
+    /// both in one transaction, so a refused commit leaves no pending entry and the
+    /// turn costs one durable write; this default runs them one after the other.
+    async fn write_and_commit(
+        &self,
+        scope: &StateScope,
+        payload: &[u8],
+        idempotency: &IdempotencyDigest,
+        request: &CommitRequest,
+    ) -> Result<(PendingStateRef, DurableStateHead)> {
+        let pending = self.write_native_state(scope, payload, idempotency).await?;
+        let request = CommitRequest {
+            state_id: pending.state_id.clone(),
+            ..request.clone()
+        };
+        let head = self.commit_head(scope, &request).await?;
+        Ok((pending, head))
+    }
     /// Marks a run's durability uncertain: the previous head stays, and nothing commits
     /// under that run until `reconcile_run`.
     async fn mark_uncertain(&self, scope: &StateScope, run_id: &str, reason: &str) -> Result<()>;

@@ -440,6 +440,16 @@ class WorkerCalls:
             json=body,
         )
 
+    def commit_inline(self, body: bytes, expected_revision: int, run_id: str, key: str) -> Call[Head]:
+        return Call(
+            "POST",
+            f"{self._base}/state/commit-inline",
+            lambda r: Head.from_json(r.json()),
+            params={"expected_revision": str(expected_revision), "run_id": run_id},
+            headers=self._state_h(key, **{"Content-Type": "application/octet-stream"}),
+            content=body,
+        )
+
     def mark_uncertain(self, run_id: str, reason: str, key: str) -> Call[list[dict[str, Any]]]:
         return Call(
             "POST",

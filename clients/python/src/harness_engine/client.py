@@ -201,6 +201,15 @@ class Worker:
             )
         )
 
+    def commit_inline(
+        self, body: bytes, expected_revision: int, run_id: str, *, idempotency_key: str | None = None
+    ) -> Head:
+        """Write `body` as pending state and commit it in one call (one store transaction
+        on SQLite). The idempotency key names the pending state, as in `write_pending`."""
+        return self.client.send(
+            self.calls.commit_inline(body, expected_revision, run_id, idempotency_key or new_key("ps"))
+        )
+
     def mark_uncertain(
         self, run_id: str, reason: str, *, idempotency_key: str | None = None
     ) -> list[dict[str, Any]]:
@@ -420,6 +429,13 @@ class AsyncWorker:
                 terminal,
                 interrupt,
             )
+        )
+
+    async def commit_inline(
+        self, body: bytes, expected_revision: int, run_id: str, *, idempotency_key: str | None = None
+    ) -> Head:
+        return await self.client.send(
+            self.calls.commit_inline(body, expected_revision, run_id, idempotency_key or new_key("ps"))
         )
 
     async def mark_uncertain(

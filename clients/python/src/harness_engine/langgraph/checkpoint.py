@@ -360,13 +360,9 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     def _commit(self, w: Worker, body: bytes, run_id: str, ident: str, index: str | None = None) -> None:
         with self._lock:
             expected = self._sync_revision(w)
-            pending = w.write_pending(body, idempotency_key=derived_key("lgp", ident, sha256_digest(body)))
             self._settle()  # checkpoint N is indexed before N+1 commits
-            head = w.commit(
-                pending.state_id,
-                expected,
-                run_id,
-                idempotency_key=derived_key("lgc", pending.state_id, str(expected)),
+            head = w.commit_inline(
+                body, expected, run_id, idempotency_key=derived_key("lgp", ident, sha256_digest(body))
             )
             self._revision = head.revision
             self._head = head
@@ -561,15 +557,9 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         async with self._alock_get():
             expected = await self._async_revision(w)
-            pending = await w.write_pending(
-                body, idempotency_key=derived_key("lgp", ident, sha256_digest(body))
-            )
             await self._asettle()  # checkpoint N is indexed before N+1 commits
-            head = await w.commit(
-                pending.state_id,
-                expected,
-                run_id,
-                idempotency_key=derived_key("lgc", pending.state_id, str(expected)),
+            head = await w.commit_inline(
+                body, expected, run_id, idempotency_key=derived_key("lgp", ident, sha256_digest(body))
             )
             self._revision = head.revision
             self._head = head
