@@ -11,9 +11,10 @@ under it):
   write is skipped by the server (first write wins, as LangGraph wants); a special write
   (negative index from `WRITES_IDX_MAP`: error, scheduled, interrupt, resume) carries
   a digest of its value in the id and the newest one wins when read back.
-- the head: every `put` first stores the record as pending state and commits it with a
+- the head: every `put` first writes the record as native state and commits it with a
   compare-and-set on the durable revision the saver last saw (spec 000, commit
-  protocol), and only then writes the object. Two writers on one binding therefore
+  protocol, steps 3 and 4 in one `state/commit-inline` call), and only then writes the
+  object. Two writers on one binding therefore
   cannot both extend it: the second gets `RevisionConflict`, a replaced worker gets
   `StaleLease`, and neither leaves a checkpoint behind. Maintenance calls (delete,
   copy, prune) commit a small record too, so the head is the one linearization point.
