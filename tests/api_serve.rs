@@ -1028,4 +1028,32 @@ async fn an_inline_commit_writes_and_commits_in_one_call() {
         (409, "stale_lease")
     );
     assert_eq!(api.revision(&binding, fence).await, 2);
+
+    let indexed = send(
+        api.worker(
+            Method::POST,
+            &format!(
+                "/v1/bindings/{binding}/state/commit-inline?expected_revision=2&run_id=run-5&index_key=cp%2Ffive"
+            ),
+            fence.0,
+            fence.1,
+        )
+        .header("Idempotency-Key", "inline-5")
+        .header("Content-Type", "application/octet-stream")
+        .body(&b"five"[..]),
+    )
+    .await;
+    assert_eq!(indexed.json()["revision"].as_u64(), Some(3));
+    let object = send(api.worker(
+        Method::GET,
+        &format!("/v1/bindings/{binding}/objects/item?key=cp%2Ffive"),
+        fence.0,
+        fence.1,
+    ))
+    .await;
+    assert_eq!(
+        (object.status, object.body.clone()),
+        (200, b"five".to_vec()),
+        "index_key stores the committed body as that object"
+    );
 }

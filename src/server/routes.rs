@@ -388,13 +388,15 @@ struct InlineCommitQuery {
     expected_revision: u64,
     /// The committing run.
     run_id: String,
+    /// Also store the body as this native object (an upsert), in the same transaction.
+    index_key: Option<String>,
 }
 
 /// Write native state and commit it as the durable head in one call (steps 3 and 4).
 ///
 /// The same as `state/pending` followed by `state/commit` without terminal metadata or
-/// interrupt, in one store transaction: a refused commit stores nothing, and the turn
-/// costs one durable write. The `Idempotency-Key` and body name the pending state as in
+/// interrupt (and, with `index_key`, an object put of the same body), in one store
+/// transaction: a refused commit stores nothing, and the turn costs one durable write. The `Idempotency-Key` and body name the pending state as in
 /// `state/pending`, so a retry of a commit that succeeded returns the head it produced.
 #[utoipa::path(post, path = "/v1/bindings/{binding_id}/state/commit-inline", tag = "state",
     params(BindingIdParam, InlineCommitQuery, IdempotencyHeader, FenceHeaders, CodecHeader, SubjectParam),
@@ -415,6 +417,9 @@ async fn commit_inline(
     let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
     let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
     key_rule(&state, "run_id", &q.run_id)?;
+    if let Some(index) = &q.index_key {
+        key_rule(&state, "index_key", index)?;
+    }
     let digest = state
         .keyring()
         .idempotency_digest(&record.binding_id, "state.write", &key);
@@ -427,7 +432,7 @@ async fn commit_inline(
     };
     let (_, head) = state
         .store()
-        .write_and_commit(&scope, &body, &digest, &request)
+        .write_and_commit(&scope, &body, &digest, &request, q.index_key.as_deref())
         .await?;
     Ok(Json(head.into()))
 }

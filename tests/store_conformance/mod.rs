@@ -1466,7 +1466,13 @@ pub async fn binding_identity_is_create_or_get<S: Store + ?Sized>(store: &S) {
 pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S) {
     let (_, scope) = new_binding(store, "write-and-commit").await;
     let (pending, head) = store
-        .write_and_commit(&scope, b"one", &key(&scope, "one"), &commit("", 0, "run-1"))
+        .write_and_commit(
+            &scope,
+            b"one",
+            &key(&scope, "one"),
+            &commit("", 0, "run-1"),
+            Some("idx/one"),
+        )
         .await
         .expect("write and commit");
     assert_eq!(head.revision, 1);
@@ -1482,14 +1488,35 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
         Some(b"one".to_vec())
     );
     let (_, retried) = store
-        .write_and_commit(&scope, b"one", &key(&scope, "one"), &commit("", 0, "run-1"))
+        .write_and_commit(
+            &scope,
+            b"one",
+            &key(&scope, "one"),
+            &commit("", 0, "run-1"),
+            Some("idx/one"),
+        )
         .await
         .expect("retry");
     assert_eq!(retried.revision, 1, "a retry returns the head it made");
     assert_eq!(
+        store
+            .get_object(&scope, "idx/one")
+            .await
+            .expect("get")
+            .and_then(|o| o.body),
+        Some(b"one".to_vec()),
+        "the index object holds the committed body"
+    );
+    assert_eq!(
         code(
             store
-                .write_and_commit(&scope, b"two", &key(&scope, "two"), &commit("", 0, "run-2"))
+                .write_and_commit(
+                    &scope,
+                    b"two",
+                    &key(&scope, "two"),
+                    &commit("", 0, "run-2"),
+                    Some("idx/two")
+                )
                 .await
         ),
         "revision_conflict"
@@ -1505,7 +1532,8 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
                     &stale,
                     b"three",
                     &key(&scope, "three"),
-                    &commit("", 1, "run-3")
+                    &commit("", 1, "run-3"),
+                    None
                 )
                 .await
         ),
@@ -1519,6 +1547,14 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
             .map(|h| h.revision),
         Some(1),
         "refused calls leave the head alone"
+    );
+    assert!(
+        store
+            .get_object(&scope, "idx/two")
+            .await
+            .expect("get")
+            .is_none(),
+        "a refused commit indexes nothing"
     );
 }
 

@@ -444,28 +444,43 @@ impl ThreadStateStore for SqliteStore {
         payload: &[u8],
         idempotency: &IdempotencyDigest,
         request: &CommitRequest,
+        index: Option<&str>,
     ) -> Result<(PendingStateRef, DurableStateHead)> {
         crate::store::checks::native_state(&self.limits, payload, idempotency)?;
+        if let Some(key) = index {
+            crate::store::checks::object(&self.limits, key, payload)?;
+        }
         let scope = self.scoped_write(scope)?;
+        let digest = content_digest(payload);
         let write = state::NativeWrite {
-            content_digest: content_digest(payload),
+            content_digest: digest.clone(),
             payload: payload.to_vec(),
             idempotency: idempotency.clone(),
             max_pending: self.limits.max_pending_entries,
         };
+        let put = index.map(|key| native::Put {
+            key: key.to_owned(),
+            content_digest: digest,
+            body: payload.to_vec(),
+            mode: PutMode::Upsert,
+            max_objects: self.limits.max_objects,
+        });
         // The state id is not known yet: checked with a placeholder of the same shape,
         // replaced inside the job once the pending write has made it.
         let mut commit = self.prepare_commit(&CommitRequest {
             state_id: "ps_pending".to_owned(),
             ..request.clone()
         })?;
-        // One writer job, so one transaction: a refused commit leaves no pending entry.
+        // One writer job, so one transaction: a refused commit leaves nothing behind.
         self.writer
             .run(move |conn| {
                 let now = now_ms();
                 let pending = state::write_native_state(conn, &scope, write, now)?;
                 commit.request.state_id = pending.state_id.clone();
                 let head = state::commit_head(conn, &scope, commit, now)?;
+                if let Some(put) = put {
+                    native::put_object(conn, &scope, put, now)?;
+                }
                 Ok((pending, head))
             })
             .await

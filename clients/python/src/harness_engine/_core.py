@@ -440,12 +440,17 @@ class WorkerCalls:
             json=body,
         )
 
-    def commit_inline(self, body: bytes, expected_revision: int, run_id: str, key: str) -> Call[Head]:
+    def commit_inline(
+        self, body: bytes, expected_revision: int, run_id: str, key: str, index_key: str | None = None
+    ) -> Call[Head]:
+        params = {"expected_revision": str(expected_revision), "run_id": run_id}
+        if index_key is not None:
+            params["index_key"] = index_key
         return Call(
             "POST",
             f"{self._base}/state/commit-inline",
             lambda r: Head.from_json(r.json()),
-            params={"expected_revision": str(expected_revision), "run_id": run_id},
+            params=params,
             headers=self._state_h(key, **{"Content-Type": "application/octet-stream"}),
             content=body,
         )

@@ -202,12 +202,21 @@ class Worker:
         )
 
     def commit_inline(
-        self, body: bytes, expected_revision: int, run_id: str, *, idempotency_key: str | None = None
+        self,
+        body: bytes,
+        expected_revision: int,
+        run_id: str,
+        *,
+        index_key: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Head:
         """Write `body` as pending state and commit it in one call (one store transaction
-        on SQLite). The idempotency key names the pending state, as in `write_pending`."""
+        on SQLite); with `index_key`, also store it as that native object. The
+        idempotency key names the pending state, as in `write_pending`."""
         return self.client.send(
-            self.calls.commit_inline(body, expected_revision, run_id, idempotency_key or new_key("ps"))
+            self.calls.commit_inline(
+                body, expected_revision, run_id, idempotency_key or new_key("ps"), index_key
+            )
         )
 
     def mark_uncertain(
@@ -432,10 +441,18 @@ class AsyncWorker:
         )
 
     async def commit_inline(
-        self, body: bytes, expected_revision: int, run_id: str, *, idempotency_key: str | None = None
+        self,
+        body: bytes,
+        expected_revision: int,
+        run_id: str,
+        *,
+        index_key: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Head:
         return await self.client.send(
-            self.calls.commit_inline(body, expected_revision, run_id, idempotency_key or new_key("ps"))
+            self.calls.commit_inline(
+                body, expected_revision, run_id, idempotency_key or new_key("ps"), index_key
+            )
         )
 
     async def mark_uncertain(

@@ -11,27 +11,24 @@ under it):
   write is skipped by the server (first write wins, as LangGraph wants); a special write
   (negative index from `WRITES_IDX_MAP`: error, scheduled, interrupt, resume) carries
   a digest of its value in the id and the newest one wins when read back.
-- the head: every `put` first writes the record as native state and commits it with a
+- the head: every `put` writes the record as native state and commits it with a
   compare-and-set on the durable revision the saver last saw (spec 000, commit
-  protocol, steps 3 and 4 in one `state/commit-inline` call), and only then writes the
-  object. Two writers on one binding therefore
+  protocol, steps 3 and 4), storing the object in the same call
+  (`state/commit-inline?index_key=...`, one store transaction on SQLite). Two writers on one binding therefore
   cannot both extend it: the second gets `RevisionConflict`, a replaced worker gets
   `StaleLease`, and neither leaves a checkpoint behind. Maintenance calls (delete,
   copy, prune) commit a small record too, so the head is the one linearization point.
 
-The object write of checkpoint N runs in the background, overlapping the graph's next
-step, and is always finished before the commit of checkpoint N+1 and before this saver
-reads: so every indexed checkpoint was committed, and at most the head's own checkpoint
-can be missing from the index. If a worker dies before that write, the next saver on
-the binding finds the head's checkpoint missing and writes it back from the committed
-body (`_repair`). `flush()` / `aflush()` wait for the write explicitly.
+A backend that cannot do the three writes in one transaction (MongoDB) runs them in
+order, so a worker can die after the commit and before the object write; the next saver
+on the binding then finds the head's checkpoint missing from the index and writes it
+back from the committed body (`_repair`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
 import random
 import struct
 import threading
@@ -175,12 +172,8 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         self.async_worker = async_worker
         self._revision: int | None = None
         self._head: Head | None = None
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._alock: asyncio.Lock | None = None
-        # The checkpoint object write still in flight (see the module docstring).
-        self._executor: ThreadPoolExecutor | None = None
-        self._behind: Future[Any] | None = None
-        self._abehind: asyncio.Future[Any] | None = None
 
     @classmethod
     def connect(
@@ -280,42 +273,8 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     def _maintenance(op: str, **fields: Any) -> bytes:
         return _frame({"kind": "maintenance", "op": op, **fields})
 
-    # --- the write in flight --------------------------------------------------------
-
-    def _settle(self) -> None:
-        with self._lock:
-            behind, self._behind = self._behind, None
-        if behind is not None:
-            behind.result()  # a failed object write surfaces here
-
-    async def _asettle(self) -> None:
-        behind, self._abehind = self._abehind, None
-        if behind is not None:
-            await behind
-        with self._lock:
-            sync_behind, self._behind = self._behind, None
-        if sync_behind is not None:  # a write left by the sync API on the same saver
-            await asyncio.wrap_future(sync_behind)
-
-    def flush(self) -> None:
-        """Wait for the last checkpoint's object write."""
-        self._settle()
-
-    async def aflush(self) -> None:
-        await self._asettle()
-
     def close(self) -> None:
-        self._settle()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-
-    def _write_behind(self, w: Worker, key: str, body: bytes) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harness-lg-index")
-        self._behind = self._executor.submit(
-            w.put_object, key, body, idempotency_key=derived_key("lgo", key, sha256_digest(body))
-        )
+        """Nothing is buffered; kept so the saver can be closed like LangGraph's own."""
 
     # --- the head ------------------------------------------------------------------
 
@@ -324,7 +283,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         (spec 000 commit protocol, step 1). Called lazily by the first write; call it
         when the worker starts to fence out any writer that commits after that."""
         w = self._w()
-        self._settle()
         with self._lock:
             self._revision = None
             self._sync_revision(w)
@@ -332,7 +290,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def aload_head(self) -> Head | None:
         w = self._aw()
-        await self._asettle()
         async with self._alock_get():
             self._revision = None
             await self._async_revision(w)
@@ -361,14 +318,15 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     def _commit(self, w: Worker, body: bytes, run_id: str, ident: str, index: str | None = None) -> None:
         with self._lock:
             expected = self._sync_revision(w)
-            self._settle()  # checkpoint N is indexed before N+1 commits
             head = w.commit_inline(
-                body, expected, run_id, idempotency_key=derived_key("lgp", ident, sha256_digest(body))
+                body,
+                expected,
+                run_id,
+                index_key=index,
+                idempotency_key=derived_key("lgp", ident, sha256_digest(body)),
             )
             self._revision = head.revision
             self._head = head
-            if index is not None:
-                self._write_behind(w, index, body)
 
     def put(
         self,
@@ -402,7 +360,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         w = self._w()
-        self._settle()
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
@@ -458,7 +415,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         w = self._w()
-        self._settle()
         prefix, only_id = self._prefix_for(config)
         page = limit if (limit and not filter and not only_id and not before) else 1000
         objs = (_Record(self, o.body or b"") for o in w.iter_objects(prefix, with_bodies=True, page=page))
@@ -477,7 +433,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         w = self._w()
-        self._settle()
         op = uuid.uuid4().hex
         self._commit(w, self._maintenance("delete_thread", thread_id=thread_id), f"lg-maint-{op}", op)
         w.delete_objects(thread_prefix(thread_id), idempotency_key=derived_key("lgdt", op))
@@ -488,14 +443,12 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         w = self._w()
-        self._settle()
         op = uuid.uuid4().hex
         self._commit(w, self._maintenance("delete_for_runs", run_ids=sorted(wanted)), f"lg-maint-{op}", op)
         self._drop(w, [r for r in self._records(w, "lg/") if str(r.metadata.get("run_id")) in wanted])
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         w = self._w()
-        self._settle()
         recs = self._records(w, thread_prefix(source_thread_id))
         op = uuid.uuid4().hex
         self._commit(
@@ -517,7 +470,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         w = self._w()
-        self._settle()
         for thread_id in thread_ids:
             if strategy == "delete":
                 self.delete_thread(thread_id)
@@ -558,16 +510,15 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         async with self._alock_get():
             expected = await self._async_revision(w)
-            await self._asettle()  # checkpoint N is indexed before N+1 commits
             head = await w.commit_inline(
-                body, expected, run_id, idempotency_key=derived_key("lgp", ident, sha256_digest(body))
+                body,
+                expected,
+                run_id,
+                index_key=index,
+                idempotency_key=derived_key("lgp", ident, sha256_digest(body)),
             )
             self._revision = head.revision
             self._head = head
-            if index is not None:
-                self._abehind = asyncio.ensure_future(
-                    w.put_object(index, body, idempotency_key=derived_key("lgo", index, sha256_digest(body)))
-                )
 
     async def aput(
         self,
@@ -603,7 +554,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         w = self._aw()
-        await self._asettle()
         conf = config["configurable"]
         thread_id = str(conf["thread_id"])
         ns = str(conf.get("checkpoint_ns", ""))
@@ -627,7 +577,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
         w = self._aw()
-        await self._asettle()
         prefix, only_id = self._prefix_for(config)
         page = limit if (limit and not filter and not only_id and not before) else 1000
         before_id = get_checkpoint_id(before) if before else None
@@ -658,7 +607,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         w = self._aw()
-        await self._asettle()
         op = uuid.uuid4().hex
         await self._acommit(w, self._maintenance("delete_thread", thread_id=thread_id), f"lg-maint-{op}", op)
         await w.delete_objects(thread_prefix(thread_id), idempotency_key=derived_key("lgdt", op))
@@ -669,7 +617,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         w = self._aw()
-        await self._asettle()
         op = uuid.uuid4().hex
         await self._acommit(
             w, self._maintenance("delete_for_runs", run_ids=sorted(wanted)), f"lg-maint-{op}", op
@@ -679,7 +626,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         w = self._aw()
-        await self._asettle()
         recs = await self._arecords(w, thread_prefix(source_thread_id))
         op = uuid.uuid4().hex
         await self._acommit(
@@ -703,7 +649,6 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
         w = self._aw()
-        await self._asettle()
         for thread_id in thread_ids:
             if strategy == "delete":
                 await self.adelete_thread(thread_id)
