@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api python-test bench-python
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-memory python-test bench-python
 
 all: build
 
@@ -48,6 +48,11 @@ unit:
 ## (prints a table, writes target/bench/store.json).
 bench-store: e2e-build
 	$(CARGO) bench --locked --bench store
+
+## bench-memory: memory search p50/p99 (100,000 in the namespace, 1,000,000 in total)
+## and put throughput on the embedded store (prints a table, writes target/bench/memory.json).
+bench-memory:
+	$(CARGO) bench --locked --bench memory
 
 ## bench-api: turns per second over HTTP and idle RSS of `serve`
 ## (prints a table, writes target/bench/api.json).

@@ -22,4 +22,4 @@ async fn close(store: SqliteStore, dir: TempDir) {
     drop(dir);
 }
 
-crate::memory_conformance_tests!(open, close; subjects = 1000, search_every = 1);
+crate::memory_conformance_tests!(open, close; subjects = 1000, read_every = 1, search_every = 1);

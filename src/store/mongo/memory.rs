@@ -449,11 +449,17 @@ impl MongoStore {
                     MAX_LEXICAL_SCAN,
                 )
                 .await?;
-            let namespace_docs = self
-                .memories
-                .count_documents(doc! { "namespace_key": &ns.key, "approval_status": admitted() })
-                .await
-                .ctx("counting a memory namespace")?;
+            // The namespace's size (BM25's N) only matters when something matched.
+            let namespace_docs = if found.is_empty() {
+                0
+            } else {
+                self.memories
+                    .count_documents(
+                        doc! { "namespace_key": &ns.key, "approval_status": admitted() },
+                    )
+                    .await
+                    .ctx("counting a memory namespace")?
+            };
             let texts: Vec<String> = found.iter().map(MemoryRecord::index_text).collect();
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let scores = rank::bm25(&q.terms, &refs, namespace_docs);

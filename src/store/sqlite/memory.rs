@@ -74,7 +74,7 @@ CREATE INDEX harness_memories_source ON harness_memories (source_binding_id, sou
 CREATE INDEX harness_memories_expiry ON harness_memories (expires_at_ms)
     WHERE expires_at_ms IS NOT NULL;
 -- Lexical search over admitted records only; rowid = harness_memories.rowid.
-CREATE VIRTUAL TABLE harness_memories_fts USING fts5(ns, text, detail = 'column');
+CREATE VIRTUAL TABLE harness_memories_fts USING fts5(ns, text);
 ";
 
 const COLUMNS: &str = "rowid, id, environment_id, scope, namespace_key, agent_id, subject_ref, kind, memory_key, approval_status, revision, importance, retention_policy, review_required, content_hash, media_type, created_at_ms, updated_at_ms, expires_at_ms, meta_json, embedding, body";

@@ -1,0 +1,340 @@
+//! `make bench-memory`: long-term memory on the embedded SQLite store.
+//!
+//! - search latency (p50, p99) in one namespace holding 100,000 memories, with 1,000,000
+//!   in the table (900 other namespaces of 1,000 each). A search is the API's path:
+//!   namespace-filtered FTS5 candidates, then ranking (BM25, recency, importance) and the
+//!   top 10; also the budgeted mode (greedy by value per token within 400 tokens);
+//! - put throughput through the full write pipeline (authorize, validate, scan, redact,
+//!   approval) and the store's compare-and-set with its audit record, 64 writers at once,
+//!   every put durable (fsynced) before it is acknowledged.
+//!
+//! Seeding goes straight to the store (`load_memories`, batches of 5,000 per transaction),
+//! not over HTTP. Memory text is synthetic: 12 words per memory drawn from a 5,000-word
+//! vocabulary with Zipf frequencies; queries are two or three words drawn uniformly from
+//! ranks 50 to 5,000 (content words: a caller's query words, not stop words).
+//!
+//! `cargo bench --bench memory` runs the full measurement; run without `--bench` (as
+//! `cargo test --all-targets` does) it is a small smoke run. Prints a table and writes the
+//! same figures as flat JSON to `target/bench/memory.json`.
+
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use harness_engine::{
+    domain::{
+        ids::{Keyring, content_digest},
+        limits::Limits,
+        memory::{
+            ApprovalStatus, MemoryContext, MemoryKind, MemoryRecord, MemoryScope, Namespace,
+            pipeline::{Proposal, WriteContext, prepare},
+            policy::{MemoryPolicySet, Writer},
+            rank::{self, Weights},
+        },
+    },
+    store::{
+        MemoryStore,
+        memory::{CandidateQuery, MemoryPut},
+        now_ms,
+        sqlite::SqliteStore,
+    },
+};
+
+const VOCABULARY: usize = 5_000;
+const WORDS_PER_MEMORY: usize = 12;
+const LOAD_BATCH: usize = 5_000;
+
+struct Settings {
+    in_namespace: usize,
+    total: usize,
+    searches: usize,
+    put_duration: Duration,
+    writers: usize,
+}
+
+/// A small deterministic generator (xorshift64*), so every run seeds the same corpus.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Zipf(1) over the vocabulary by inverse CDF on precomputed cumulative weights.
+struct Zipf(Vec<f64>);
+
+impl Zipf {
+    fn new(n: usize) -> Self {
+        let mut acc = 0.0;
+        let mut cdf = Vec::with_capacity(n);
+        for rank in 1..=n {
+            acc += 1.0 / rank as f64;
+            cdf.push(acc);
+        }
+        let total = acc;
+        Zipf(cdf.into_iter().map(|c| c / total).collect())
+    }
+    fn sample(&self, rng: &mut Rng) -> usize {
+        let u = rng.unit();
+        self.0.partition_point(|c| *c < u)
+    }
+}
+
+/// Word `i` of the vocabulary: pronounceable, distinct, alphabetic.
+fn word(i: usize) -> String {
+    const SYL: [&str; 20] = [
+        "ka", "lo", "mi", "ne", "su", "ta", "ri", "po", "ve", "da", "ga", "hu", "zo", "be", "fi",
+        "ju", "xo", "qua", "wy", "el",
+    ];
+    let mut n = i;
+    let mut w = String::new();
+    loop {
+        w.push_str(SYL[n % SYL.len()]);
+        n /= SYL.len();
+        if n == 0 {
+            break;
+        }
+    }
+    w.push_str(SYL[i % 7]);
+    w
+}
+
+fn text(rng: &mut Rng, zipf: &Zipf, words: &[String]) -> String {
+    (0..WORDS_PER_MEMORY)
+        .map(|_| words[zipf.sample(rng).min(words.len() - 1)].as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn record(ns: &Namespace, key: &str, body: String, now: i64, rng: &mut Rng) -> MemoryRecord {
+    MemoryRecord {
+        id: ns.record_id(key),
+        namespace: ns.clone(),
+        kind: MemoryKind::Semantic,
+        memory_key: key.to_owned(),
+        media_type: "text/plain".into(),
+        content_hash: content_digest(body.as_bytes()),
+        body,
+        provenance: Default::default(),
+        approval_status: ApprovalStatus::NotRequired,
+        approval: Default::default(),
+        classification: Default::default(),
+        importance: (rng.unit() as f32).clamp(0.0, 1.0),
+        embedding: None,
+        revision: 1,
+        source_revisions: vec![],
+        retention_policy: "standard".into(),
+        review_required: false,
+        created_at_ms: now - (rng.next() % (90 * 24 * 3600 * 1000)) as i64,
+        updated_at_ms: now - (rng.next() % (90 * 24 * 3600 * 1000)) as i64,
+        expires_at_ms: None,
+    }
+}
+
+fn namespace(k: &Keyring, subject: usize) -> Namespace {
+    let ctx = MemoryContext {
+        subject: k.subject_ref(&format!("user-{subject}")),
+        agent_id: "bench-agent".into(),
+        organization: None,
+    };
+    Namespace::derive(k, &ctx, MemoryScope::User)
+        .unwrap_or_else(|e| fail(&format!("namespace: {e}")))
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let s = if full {
+        Settings {
+            in_namespace: 100_000,
+            total: 1_000_000,
+            searches: 2_000,
+            put_duration: Duration::from_secs(6),
+            writers: 64,
+        }
+    } else {
+        Settings {
+            in_namespace: 2_000,
+            total: 10_000,
+            searches: 50,
+            put_duration: Duration::from_millis(300),
+            writers: 8,
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(&format!("tokio: {e}")));
+    let scratch = tempfile::tempdir().unwrap_or_else(|e| fail(&format!("temp dir: {e}")));
+    let k = Keyring::new(b"memory-bench-key-0123456789abcdef0123".to_vec(), "bench")
+        .unwrap_or_else(|e| fail(&e.to_string()));
+    let words: Vec<String> = (0..VOCABULARY).map(word).collect();
+    let zipf = Zipf::new(VOCABULARY);
+
+    let mut json = serde_json::Map::new();
+    runtime.block_on(async {
+        let store = Arc::new(
+            SqliteStore::open(&scratch.path().join("memory.db"), Limits::default())
+                .await
+                .unwrap_or_else(|e| fail(&format!("sqlite: {e}"))),
+        );
+        // Seed: the target namespace (subject 0), then the others, 1,000 per namespace.
+        let started = Instant::now();
+        let now = now_ms();
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let target = namespace(&k, 0);
+        let mut batch = Vec::with_capacity(LOAD_BATCH);
+        let mut loaded = 0usize;
+        let others_each = 1_000;
+        for i in 0..s.total {
+            let (ns, key) = if i < s.in_namespace {
+                (target.clone(), format!("m/{i}"))
+            } else {
+                let j = i - s.in_namespace;
+                (namespace(&k, 1 + j / others_each), format!("m/{}", j % others_each))
+            };
+            let body = text(&mut rng, &zipf, &words);
+            batch.push(record(&ns, &key, body, now, &mut rng));
+            if batch.len() == LOAD_BATCH || i + 1 == s.total {
+                loaded += store.load_memories(std::mem::take(&mut batch)).await.unwrap_or_else(|e| fail(&format!("load: {e}"))) as usize;
+            }
+        }
+        let seed_s = started.elapsed().as_secs_f64();
+        let db_bytes: u64 = std::fs::read_dir(scratch.path())
+            .map(|d| d.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+
+        // Search.
+        let mut qrng = Rng(0xD1B5_4A32_D192_ED03);
+        let mut plain = Vec::with_capacity(s.searches);
+        let mut budgeted = Vec::with_capacity(s.searches);
+        let mut hits = 0usize;
+        let mut utilisation = 0.0;
+        for i in 0..s.searches {
+            let n = 2 + (qrng.next() % 2) as usize;
+            let q: Vec<&str> = (0..n).map(|_| words[50 + (qrng.next() as usize) % (VOCABULARY - 50)].as_str()).collect();
+            let query = CandidateQuery { terms: rank::query_terms(&q.join(" ")), kinds: vec![], lexical_limit: 64, recent: 0, now_ms: now_ms() };
+            let t = Instant::now();
+            let candidates = store.memory_candidates(&target, &query).await.unwrap_or_else(|e| fail(&format!("search: {e}")));
+            let ranked = rank::rank(candidates, None, query.now_ms, Weights::default());
+            if i % 2 == 0 {
+                let top: Vec<_> = ranked.into_iter().take(10).collect();
+                plain.push(t.elapsed().as_secs_f64() * 1e3);
+                hits += top.len();
+            } else {
+                let sel = rank::select_within_budget(ranked, 400, 50);
+                budgeted.push(t.elapsed().as_secs_f64() * 1e3);
+                utilisation += sel.utilisation;
+            }
+        }
+        plain.sort_by(f64::total_cmp);
+        budgeted.sort_by(f64::total_cmp);
+
+        // Puts through the pipeline, `writers` at once, new keys across 1,000 namespaces.
+        let set = Arc::new(MemoryPolicySet::default());
+        let writer = Writer { principal: "bench".into(), is_worker: true, is_application_writer: false };
+        let deadline = Instant::now() + s.put_duration;
+        let put_started = Instant::now();
+        let tasks: Vec<_> = (0..s.writers)
+            .map(|w| {
+                let (store, set, writer, k, words) = (store.clone(), set.clone(), writer.clone(), k.clone(), words.clone());
+                tokio::spawn(async move {
+                    let zipf = Zipf::new(VOCABULARY);
+                    let mut rng = Rng(0xA076_1D64_78BD_642F ^ (w as u64 + 1));
+                    let policy = set.effective("bench-agent");
+                    let mut latencies = Vec::new();
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        let ns = namespace(&k, (rng.next() % 1_000) as usize);
+                        let t = Instant::now();
+                        let proposal = Proposal {
+                            memory_key: format!("put/{w}/{n}"),
+                            kind: MemoryKind::Semantic,
+                            media_type: "text/plain".into(),
+                            body: text(&mut rng, &zipf, &words),
+                            importance: None,
+                            embedding: None,
+                            retention_policy: None,
+                            source_run_id: Some(format!("run-{n}")),
+                            model_version: None,
+                        };
+                        let ctx = WriteContext { namespace: &ns, writer: &writer, policy: &policy, deployment: &set.deployment, source_binding_id: None, harness: None, now_ms: now_ms() };
+                        let record = prepare(proposal, &ctx).unwrap_or_else(|e| fail(&format!("pipeline: {e}")));
+                        store
+                            .put_memory(&MemoryPut { record, expected_revision: None, consolidation: policy.consolidation })
+                            .await
+                            .unwrap_or_else(|e| fail(&format!("put: {e}")));
+                        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                        n += 1;
+                    }
+                    latencies
+                })
+            })
+            .collect();
+        let mut put_lat = Vec::new();
+        for t in tasks {
+            put_lat.extend(t.await.unwrap_or_else(|e| fail(&format!("writer: {e}"))));
+        }
+        let put_s = put_started.elapsed().as_secs_f64();
+        put_lat.sort_by(f64::total_cmp);
+
+        let puts_per_s = put_lat.len() as f64 / put_s;
+        println!();
+        println!("memory bench ({}), embedded SQLite store", if full { "full" } else { "smoke" });
+        println!("seeded {loaded} memories ({} in the searched namespace) in {seed_s:.1} s; database {:.0} MiB", s.in_namespace, db_bytes as f64 / (1 << 20) as f64);
+        println!("{:<34} {:>8} {:>9} {:>9} {:>12}", "operation", "count", "p50 ms", "p99 ms", "per second");
+        println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12}", "search (top 10)", plain.len(), percentile(&plain, 0.5), percentile(&plain, 0.99), "");
+        println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12}", "search (budget 400 tokens)", budgeted.len(), percentile(&budgeted, 0.5), percentile(&budgeted, 0.99), "");
+        println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12.0}", format!("put ({} writers, pipeline + CAS)", s.writers), put_lat.len(), percentile(&put_lat, 0.5), percentile(&put_lat, 0.99), puts_per_s);
+        println!("mean hits per top-10 search: {:.1}; mean budget utilisation: {:.3}", hits as f64 / plain.len().max(1) as f64, utilisation / budgeted.len().max(1) as f64);
+
+        json.insert("mode".into(), (if full { "full" } else { "smoke" }).into());
+        json.insert("memories_total".into(), loaded.into());
+        json.insert("memories_in_namespace".into(), s.in_namespace.into());
+        json.insert("seed_seconds".into(), seed_s.into());
+        json.insert("database_bytes".into(), db_bytes.into());
+        json.insert("search_count".into(), plain.len().into());
+        json.insert("search_p50_ms".into(), percentile(&plain, 0.5).into());
+        json.insert("search_p99_ms".into(), percentile(&plain, 0.99).into());
+        json.insert("search_budgeted_p50_ms".into(), percentile(&budgeted, 0.5).into());
+        json.insert("search_budgeted_p99_ms".into(), percentile(&budgeted, 0.99).into());
+        json.insert("search_mean_hits".into(), (hits as f64 / plain.len().max(1) as f64).into());
+        json.insert("budget_mean_utilisation".into(), (utilisation / budgeted.len().max(1) as f64).into());
+        json.insert("put_writers".into(), s.writers.into());
+        json.insert("put_count".into(), put_lat.len().into());
+        json.insert("puts_per_s".into(), puts_per_s.into());
+        json.insert("put_p50_ms".into(), percentile(&put_lat, 0.5).into());
+        json.insert("put_p99_ms".into(), percentile(&put_lat, 0.99).into());
+    });
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    let _ = std::fs::create_dir_all(&out);
+    let path = out.join("memory.json");
+    match std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json).unwrap_or_default(),
+    ) {
+        Ok(()) => println!("wrote {}", path.display()),
+        Err(e) => fail(&format!("writing {}: {e}", path.display())),
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("bench-memory: {msg}");
+    std::process::exit(1)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
