@@ -1459,7 +1459,6 @@ pub async fn binding_identity_is_create_or_get<S: Store + ?Sized>(store: &S) {
     );
 }
 
-/// Every case, by name, so each backend's test file can check it wires them all.
 // ---------------------------------------------------------------------------------------
 // Steps 3 and 4 in one call (`write_and_commit`, the API's `state/commit-inline`).
 
@@ -1558,6 +1557,7 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
     );
 }
 
+/// Every case, by name, so each backend's test file can check it wires them all.
 pub const CASES: &[&str] = &[
     "head_is_the_last_commit_never_a_pending_entry",
     "stale_revision_is_refused",
