@@ -2,12 +2,14 @@
 //!
 //! One row per record, unique on `(namespace_key, memory_key)`; the namespace's other
 //! components (environment, scope, agent, subject) are stored next to it for audit and
-//! listing. Lexical search uses an FTS5 table holding only admitted records: each row
-//! carries the namespace digest as a column and every query is
-//! `ns:<digest> AND text:(terms)`, so the namespace is part of the index lookup itself
-//! and a record of another namespace can never become a candidate. BM25 comes from FTS5
-//! (its corpus statistics span the table; they influence the order of a namespace's own
-//! results only, never which records are returned).
+//! listing. Lexical search uses an FTS5 table holding only admitted records, whose
+//! terms are namespace-qualified: the word `tea` of a record in namespace `mn_3fa9...` is
+//! indexed as the token `3fa9...tea` (the first 24 hex digits of the namespace digest,
+//! then the word). A query asks for the qualified tokens of its own namespace only, so
+//! the namespace is the index key itself: postings of other namespaces are never read,
+//! document frequencies are the namespace's own, and a record of another namespace can
+//! never become a candidate (the join back to the row checks the full namespace key as
+//! well). BM25 comes from FTS5.
 //!
 //! Writes run on the store's single writer, so a compare-and-set is the read and the
 //! write inside one transaction, with its audit record in the same transaction.
@@ -23,7 +25,9 @@ use crate::{
         memory::{
             ApprovalRecord, ApprovalStatus, Classification, MemoryKind, MemoryRecord,
             MemoryWriteOutcome, Namespace, Provenance, WriteOutcomeKind, kind_str, parse_kind,
-            parse_scope, rank::Candidate, scope_str,
+            parse_scope,
+            rank::{self, Candidate},
+            scope_str,
         },
         state::Rejection,
     },
@@ -74,7 +78,7 @@ CREATE INDEX harness_memories_source ON harness_memories (source_binding_id, sou
 CREATE INDEX harness_memories_expiry ON harness_memories (expires_at_ms)
     WHERE expires_at_ms IS NOT NULL;
 -- Lexical search over admitted records only; rowid = harness_memories.rowid.
-CREATE VIRTUAL TABLE harness_memories_fts USING fts5(ns, text);
+CREATE VIRTUAL TABLE harness_memories_fts USING fts5(text);
 ";
 
 const COLUMNS: &str = "rowid, id, environment_id, scope, namespace_key, agent_id, subject_ref, kind, memory_key, approval_status, revision, importance, retention_policy, review_required, content_hash, media_type, created_at_ms, updated_at_ms, expires_at_ms, meta_json, embedding, body";
@@ -104,9 +108,23 @@ fn embedding_of(blob: Option<Vec<u8>>) -> Option<Vec<f32>> {
     })
 }
 
-/// The FTS column value for a namespace: its hex digest, one token.
-fn ns_token(namespace_key: &str) -> &str {
-    namespace_key.strip_prefix("mn_").unwrap_or(namespace_key)
+/// Hex digits of the namespace digest that qualify each indexed term (96 bits).
+const QUALIFIER_HEX: usize = 24;
+
+/// The term qualifier of a namespace.
+fn qualifier(namespace_key: &str) -> &str {
+    let hex = namespace_key.strip_prefix("mn_").unwrap_or(namespace_key);
+    hex.get(..QUALIFIER_HEX).unwrap_or(hex)
+}
+
+/// The indexed text of a record: each of its terms qualified by its namespace.
+fn qualified_text(namespace_key: &str, text: &str) -> String {
+    let q = qualifier(namespace_key);
+    rank::tokenize(text)
+        .iter()
+        .map(|t| format!("{q}{t}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 struct Raw {
@@ -268,12 +286,13 @@ fn write_row(conn: &Connection, rowid: Option<i64>, r: &MemoryRecord) -> Result<
 fn index(conn: &Connection, rowid: i64, r: &MemoryRecord) -> Result<()> {
     unindex(conn, rowid)?;
     if r.approval_status.searchable() {
-        conn.prepare_cached(
-            "INSERT INTO harness_memories_fts (rowid, ns, text) VALUES (?1, ?2, ?3)",
-        )
-        .ctx("preparing the memory index write")?
-        .execute(params![rowid, ns_token(&r.namespace.key), r.index_text()])
-        .ctx("indexing a memory")?;
+        conn.prepare_cached("INSERT INTO harness_memories_fts (rowid, text) VALUES (?1, ?2)")
+            .ctx("preparing the memory index write")?
+            .execute(params![
+                rowid,
+                qualified_text(&r.namespace.key, &r.index_text())
+            ])
+            .ctx("indexing a memory")?;
     }
     Ok(())
 }
@@ -387,22 +406,21 @@ pub(super) fn decide(
     })
 }
 
-/// The FTS5 query for `terms` in one namespace. Terms are alphanumeric (from
-/// `rank::query_terms`), quoted anyway so no term can be read as FTS syntax.
+/// The FTS5 query for `terms` in one namespace: its namespace-qualified terms, OR-ed.
+/// Terms are alphanumeric (from `rank::query_terms`), quoted anyway so no term can be
+/// read as FTS syntax; one the FTS tokenizer splits becomes a phrase of its pieces,
+/// exactly as it was indexed.
 fn match_expression(namespace_key: &str, terms: &[String]) -> Option<String> {
+    let q = qualifier(namespace_key);
     let quoted: Vec<String> = terms
         .iter()
         .filter(|t| t.chars().all(char::is_alphanumeric))
-        .map(|t| format!("\"{t}\""))
+        .map(|t| format!("\"{q}{t}\""))
         .collect();
     if quoted.is_empty() {
         return None;
     }
-    Some(format!(
-        "ns:\"{}\" AND text:({})",
-        ns_token(namespace_key),
-        quoted.join(" OR ")
-    ))
+    Some(quoted.join(" OR "))
 }
 
 pub(super) fn candidates(
@@ -423,9 +441,9 @@ pub(super) fn candidates(
         let mut stmt = conn
             .prepare_cached(&format!(
                 "SELECT {cols}, c.score FROM (
-                     SELECT rowid AS rid, -bm25(harness_memories_fts, 0.0, 1.0) AS score
+                     SELECT rowid AS rid, -rank AS score
                      FROM harness_memories_fts WHERE harness_memories_fts MATCH ?1
-                     ORDER BY bm25(harness_memories_fts, 0.0, 1.0) LIMIT ?2
+                     ORDER BY rank LIMIT ?2
                  ) c JOIN harness_memories m ON m.rowid = c.rid
                  WHERE m.namespace_key = ?3",
                 cols = COLUMNS
