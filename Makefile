@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python
 
 all: build
 
@@ -17,6 +17,13 @@ test: lint e2e-build
 	$(CARGO) build --locked --all-targets
 	$(E2E)/with-control-plane.sh $(CARGO) test --locked --all-targets
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
+	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
+
+## python-test: every Python suite (both SDK conformance suites, the Strands loop, the
+## two-writer test, the Deep Agents example) against a live `serve`, in a pinned venv.
+python-test:
+	$(CARGO) build --locked --bin harness-engine
+	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
 
 lint:
 	$(CARGO) fmt --all --check
@@ -58,6 +65,11 @@ bench-api:
 ## (prints a table, writes target/bench/operator.json).
 bench-operator: e2e-build
 	$(E2E)/with-control-plane.sh $(CARGO) bench --locked --bench operator
+
+## bench-python: LangGraph checkpointers side by side (ours, SQLite, PostgreSQL):
+## checkpoints/s and put p99 (prints a table, writes target/bench/python.json).
+bench-python:
+	scripts/bench-python.sh
 
 e2e-build:
 	$(E2E)/build.sh >/dev/null

@@ -270,7 +270,7 @@ fn main() {
                         let ctx = WriteContext { namespace: &ns, writer: &writer, policy: &policy, deployment: &set.deployment, source_binding_id: None, harness: None, now_ms: now_ms() };
                         let record = prepare(proposal, &ctx).unwrap_or_else(|e| fail(&format!("pipeline: {e}")));
                         store
-                            .put_memory(&MemoryPut { record, expected_revision: None, consolidation: policy.consolidation })
+                            .put_memory(&MemoryPut { record, expected_revision: None, consolidation: policy.consolidation, fence: None })
                             .await
                             .unwrap_or_else(|e| fail(&format!("put: {e}")));
                         latencies.push(t.elapsed().as_secs_f64() * 1e3);

@@ -62,5 +62,5 @@ fn every_operation_documents_auth_errors_and_trace_context() {
             );
         }
     }
-    assert_eq!(operations, 23, "operations in the document");
+    assert_eq!(operations, 24, "operations in the document");
 }

@@ -943,3 +943,117 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn an_inline_commit_writes_and_commits_in_one_call() {
+    let server = serve(&[]);
+    let api = Api::new(&server.api, &server.token);
+    let (binding, epoch, generation) = api.bound("agent-1", "conv-inline").await;
+    let fence = (epoch, generation);
+    let inline = |key: &'static str, body: &'static [u8], expected: u64, run: &str| {
+        api.worker(
+            Method::POST,
+            &format!(
+                "/v1/bindings/{binding}/state/commit-inline?expected_revision={expected}&run_id={run}"
+            ),
+            fence.0,
+            fence.1,
+        )
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/octet-stream")
+        .body(body)
+    };
+
+    let first = send(inline("inline-1", b"one", 0, "run-1")).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(first.json()["revision"].as_u64(), Some(1));
+    let state_id = first.json()["state_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let stored = send(api.worker(
+        Method::GET,
+        &format!("/v1/bindings/{binding}/state/bodies/{state_id}"),
+        fence.0,
+        fence.1,
+    ))
+    .await;
+    assert_eq!(
+        stored.body,
+        b"one".to_vec(),
+        "the head's body is the one sent"
+    );
+
+    let retry = send(inline("inline-1", b"one", 0, "run-1")).await;
+    assert_eq!(
+        (retry.status, retry.json()["revision"].as_u64()),
+        (200, Some(1)),
+        "a retry of a commit that landed returns the head it made"
+    );
+
+    let stale = send(inline("inline-2", b"two", 0, "run-2")).await;
+    assert_eq!(
+        (stale.status, stale.code().as_str()),
+        (409, "revision_conflict")
+    );
+    assert_eq!(stale.json()["details"]["actual"].as_u64(), Some(1));
+    // The refused commit stored nothing: its key is free for another body.
+    let reused = send(inline("inline-2", b"three", 1, "run-3")).await;
+    assert_eq!(
+        (reused.status, reused.json()["revision"].as_u64()),
+        (200, Some(2)),
+        "{}",
+        String::from_utf8_lossy(&reused.body)
+    );
+
+    let fenced = send(
+        api.worker(
+            Method::POST,
+            &format!("/v1/bindings/{binding}/state/commit-inline?expected_revision=2&run_id=run-4"),
+            fence.0,
+            fence.1 - 1,
+        )
+        .header("Idempotency-Key", "inline-4")
+        .header("Content-Type", "application/octet-stream")
+        .body(&b"four"[..]),
+    )
+    .await;
+    assert_eq!(
+        (fenced.status, fenced.code().as_str()),
+        (409, "stale_lease")
+    );
+    assert_eq!(api.revision(&binding, fence).await, 2);
+
+    let indexed = send(
+        api.worker(
+            Method::POST,
+            &format!(
+                "/v1/bindings/{binding}/state/commit-inline?expected_revision=2&run_id=run-5&index_key=cp%2Ffive"
+            ),
+            fence.0,
+            fence.1,
+        )
+        .header("Idempotency-Key", "inline-5")
+        .header("Content-Type", "application/octet-stream")
+        .body(&b"five"[..]),
+    )
+    .await;
+    assert_eq!(indexed.json()["revision"].as_u64(), Some(3));
+    let object = send(api.worker(
+        Method::GET,
+        &format!("/v1/bindings/{binding}/objects/item?key=cp%2Ffive"),
+        fence.0,
+        fence.1,
+    ))
+    .await;
+    assert_eq!(
+        (object.status, object.body.clone()),
+        (200, b"five".to_vec()),
+        "index_key stores the committed body as that object"
+    );
+}

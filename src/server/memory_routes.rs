@@ -39,7 +39,7 @@ use crate::{
             policy::{EffectivePolicy, MemoryPolicySet, Writer, authorize_decision},
             rank::{self, Weights},
         },
-        state::BindingRecord,
+        state::{BindingRecord, StateScope},
     },
     store::{
         memory::{CandidateQuery, MemoryDecision, MemoryPut},
@@ -690,12 +690,26 @@ async fn put_memory(
                 now_ms: now_ms(),
             },
         )?;
+        // A worker's write is fenced by the lease it holds (checked in `resolve` against its
+        // credentials, and by the store against the binding's fence).
+        let fence = match (&call.caller, headers.epoch, headers.lease_generation) {
+            (Caller::Worker(_), Some(epoch), Some(lease_generation)) => Some(StateScope {
+                binding_id: call.binding.binding_id.clone(),
+                environment: state.keyring().environment().to_owned(),
+                harness: call.binding.harness.clone(),
+                epoch,
+                codec: "memory".into(),
+                lease_generation,
+            }),
+            _ => None,
+        };
         let outcome = state
             .store()
             .put_memory(&MemoryPut {
                 record,
                 expected_revision: req.expected_revision,
                 consolidation: call.policy.consolidation,
+                fence,
             })
             .await?;
         Ok::<_, ApiError>(outcome)

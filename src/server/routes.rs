@@ -39,6 +39,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(read_state))
         .routes(routes!(write_pending))
         .routes(routes!(commit))
+        .routes(routes!(commit_inline))
         .routes(routes!(mark_uncertain))
         .routes(routes!(get_object, put_object))
         .routes(routes!(list_objects, delete_objects))
@@ -423,6 +424,63 @@ async fn commit(
     spans::record_count(&span, keys::LEASE_GENERATION, scope.lease_generation);
     let head = traced(span.clone(), state.store().commit_head(&scope, &request)).await?;
     spans::record_count(&span, keys::REVISION, head.revision);
+    Ok(Json(head.into()))
+}
+
+/// Where an inline commit lands: the revision the run started from and the run id.
+#[derive(Debug, serde::Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct InlineCommitQuery {
+    /// The durable revision the run started from (0 before the first commit).
+    expected_revision: u64,
+    /// The committing run.
+    run_id: String,
+    /// Also store the body as this native object (an upsert), in the same transaction.
+    index_key: Option<String>,
+}
+
+/// Write native state and commit it as the durable head in one call (steps 3 and 4).
+///
+/// The same as `state/pending` followed by `state/commit` without terminal metadata or
+/// interrupt (and, with `index_key`, an object put of the same body), in one store
+/// transaction: a refused commit stores nothing, and the turn costs one durable write. The `Idempotency-Key` and body name the pending state as in
+/// `state/pending`, so a retry of a commit that succeeded returns the head it produced.
+#[utoipa::path(post, path = "/v1/bindings/{binding_id}/state/commit-inline", tag = "state",
+    params(BindingIdParam, InlineCommitQuery, IdempotencyHeader, FenceHeaders, CodecHeader, SubjectParam),
+    request_body(content = OpaqueBytes, content_type = "application/octet-stream", description = "The opaque native state to commit"),
+    responses((status = 200, description = "The new durable head", body = Head)))]
+#[allow(clippy::too_many_arguments)]
+async fn commit_inline(
+    State(state): State<AppState>,
+    Authenticated(caller): Authenticated,
+    BindingPath(id): BindingPath,
+    ApiQuery(q): ApiQuery<InlineCommitQuery>,
+    IdempotencyKey(key): IdempotencyKey,
+    fence: WorkerFence,
+    Codec(codec): Codec,
+    SubjectHeader(named): SubjectHeader,
+    OpaqueBody(body): OpaqueBody,
+) -> Result<Json<Head>, ApiError> {
+    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
+    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
+    key_rule(&state, "run_id", &q.run_id)?;
+    if let Some(index) = &q.index_key {
+        key_rule(&state, "index_key", index)?;
+    }
+    let digest = state
+        .keyring()
+        .idempotency_digest(&record.binding_id, "state.write", &key);
+    let request = CommitRequest {
+        state_id: String::new(),
+        expected_revision: q.expected_revision,
+        run_id: q.run_id,
+        terminal: None,
+        interrupt: None,
+    };
+    let (_, head) = state
+        .store()
+        .write_and_commit(&scope, &body, &digest, &request, q.index_key.as_deref())
+        .await?;
     Ok(Json(head.into()))
 }
 

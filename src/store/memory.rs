@@ -25,7 +25,7 @@ use crate::domain::{
         MemoryWriteOutcome, Namespace, WriteOutcomeKind, consolidate, kind_str, rank::Candidate,
         scope_str,
     },
-    state::Rejection,
+    state::{Rejection, StateScope},
 };
 
 /// A prepared write and its concurrency expectation.
@@ -37,6 +37,11 @@ pub struct MemoryPut {
     pub expected_revision: Option<u64>,
     /// What a stale expectation does: refuse, or merge into a new revision.
     pub consolidation: Consolidation,
+    /// For a sandbox worker's write: the binding, epoch and lease generation it holds.
+    /// The write is refused (`stale_epoch`, `stale_lease`) unless they are still the
+    /// binding's fence (DESIGN §3): atomically with the write on SQLite; checked just
+    /// before it on MongoDB, as for the other side-document writes there.
+    pub fence: Option<StateScope>,
 }
 
 /// What search asks the store for: candidates from one namespace.

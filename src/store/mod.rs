@@ -198,7 +198,7 @@ pub trait BindingStore: Send + Sync {
 
 /// The thread-state commit protocol (`spec/000_fa938a4e6ac75730.txt` "ThreadStateStore").
 #[async_trait]
-pub trait ThreadStateStore: Send + Sync {
+pub trait ThreadStateStore: NativeStore + Send + Sync {
     /// The last durable head of the scope's epoch; never a pending entry.
     async fn load_head(&self, scope: &StateScope) -> Result<Option<DurableStateHead>>;
     /// The body of a stored state (pending or committed) of the scope's epoch.
@@ -224,6 +224,32 @@ pub trait ThreadStateStore: Send + Sync {
         scope: &StateScope,
         request: &CommitRequest,
     ) -> Result<DurableStateHead>;
+    /// Steps 3 and 4 of the commit protocol in one call: stores `payload` as pending
+    /// (idempotently, as `write_native_state`) and commits it (as `commit_head`, whose
+    /// `request.state_id` is replaced by the new state's id); with `index`, also stores
+    /// `payload` as that native object (an upsert). A backend that can runs all of it in
+    /// one transaction, so a refused commit leaves nothing behind and the turn costs one
+    /// durable write; this default runs the steps one after the other.
+    async fn write_and_commit(
+        &self,
+        scope: &StateScope,
+        payload: &[u8],
+        idempotency: &IdempotencyDigest,
+        request: &CommitRequest,
+        index: Option<&str>,
+    ) -> Result<(PendingStateRef, DurableStateHead)> {
+        let pending = self.write_native_state(scope, payload, idempotency).await?;
+        let request = CommitRequest {
+            state_id: pending.state_id.clone(),
+            ..request.clone()
+        };
+        let head = self.commit_head(scope, &request).await?;
+        if let Some(key) = index {
+            self.put_object(scope, key, payload, PutMode::Upsert)
+                .await?;
+        }
+        Ok((pending, head))
+    }
     /// Marks a run's durability uncertain: the previous head stays, and nothing commits
     /// under that run until `reconcile_run`.
     async fn mark_uncertain(&self, scope: &StateScope, run_id: &str, reason: &str) -> Result<()>;

@@ -116,6 +116,7 @@ pub async fn write<S: Store + ?Sized>(
             record,
             expected_revision: expected,
             consolidation: policy.consolidation,
+            fence: None,
         })
         .await
 }
@@ -1067,6 +1068,91 @@ pub async fn provenance_round_trips_and_ranking_uses_it<S: Store + ?Sized>(store
     assert!(selection.used_tokens <= 8 && selection.utilisation <= 1.0);
 }
 
+/// A worker's write carries the lease it holds: once the binding's fence moved past it
+/// (a replaced worker, a cleared conversation), the write is refused and stores nothing.
+pub async fn worker_writes_are_fenced<S: Store + ?Sized>(store: &S) {
+    let k = keyring();
+    let binding = BindingRecord {
+        binding_id: k.binding_id("jill", "agent-1", "conv-f"),
+        environment: k.environment().to_owned(),
+        owner: k.subject_ref("jill"),
+        agent_id: "agent-1".into(),
+        conversation_id: "conv-f".into(),
+        harness: "strands".into(),
+        epoch: 0,
+        lease_generation: 1,
+        created_at_ms: now_ms(),
+    };
+    store.ensure_binding(&binding).await.expect("binding");
+    let set = policies(deployment());
+    let n = ns("jill", "agent-1", MemoryScope::User);
+    let policy = set.effective("agent-1");
+    let put = |key: &str, epoch: u64, generation: u64| {
+        let record = prepare(
+            proposal(key, "Prefers morning meetings"),
+            &WriteContext {
+                namespace: &n,
+                writer: &worker(),
+                policy: &policy,
+                deployment: &set.deployment,
+                source_binding_id: Some(binding.binding_id.as_str().into()),
+                harness: Some("strands".into()),
+                now_ms: now_ms(),
+            },
+        )
+        .expect("pipeline");
+        MemoryPut {
+            record,
+            expected_revision: None,
+            consolidation: policy.consolidation,
+            fence: Some(harness_engine::domain::state::StateScope {
+                binding_id: binding.binding_id.clone(),
+                environment: binding.environment.clone(),
+                harness: "strands".into(),
+                epoch,
+                codec: "memory".into(),
+                lease_generation: generation,
+            }),
+        }
+    };
+    store
+        .put_memory(&put("current", 0, 1))
+        .await
+        .expect("the current lease writes");
+    store
+        .raise_fence(&binding.binding_id, 0, 2)
+        .await
+        .expect("replace the worker");
+    let stale = store
+        .put_memory(&put("stale", 0, 1))
+        .await
+        .expect_err("stale lease");
+    assert_eq!(code(&stale), "stale_lease");
+    store.clear(&binding.binding_id, 1).await.expect("clear");
+    let old_epoch = store
+        .put_memory(&put("old-epoch", 0, 2))
+        .await
+        .expect_err("stale epoch");
+    assert_eq!(code(&old_epoch), "stale_epoch");
+    for key in ["stale", "old-epoch"] {
+        assert!(
+            store
+                .get_memory(&n, key, true, now_ms())
+                .await
+                .expect("get")
+                .is_none(),
+            "{key}"
+        );
+    }
+    assert!(
+        store
+            .get_memory(&n, "current", false, now_ms())
+            .await
+            .expect("get")
+            .is_some()
+    );
+}
+
 /// Every case, for a wiring check in each backend's file.
 pub const CASES: &[&str] = &[
     "isolation_across_subjects_and_scopes",
@@ -1078,6 +1164,7 @@ pub const CASES: &[&str] = &[
     "retention_deletion_and_clear",
     "revoking_a_source_thread_marks_its_episodic_references",
     "provenance_round_trips_and_ranking_uses_it",
+    "worker_writes_are_fenced",
 ];
 
 #[macro_export]
@@ -1097,11 +1184,12 @@ macro_rules! memory_conformance_tests {
             revisions_and_consolidation,
             retention_deletion_and_clear,
             revoking_a_source_thread_marks_its_episodic_references,
-            provenance_round_trips_and_ranking_uses_it
+            provenance_round_trips_and_ranking_uses_it,
+            worker_writes_are_fenced
         );
         #[test]
         fn every_memory_case_is_wired() {
-            assert_eq!(memory_conformance::CASES.len(), 9, "add new cases to memory_conformance_tests!");
+            assert_eq!(memory_conformance::CASES.len(), 10, "add new cases to memory_conformance_tests!");
         }
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {

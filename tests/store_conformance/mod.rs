@@ -1459,6 +1459,104 @@ pub async fn binding_identity_is_create_or_get<S: Store + ?Sized>(store: &S) {
     );
 }
 
+// ---------------------------------------------------------------------------------------
+// Steps 3 and 4 in one call (`write_and_commit`, the API's `state/commit-inline`).
+
+pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S) {
+    let (_, scope) = new_binding(store, "write-and-commit").await;
+    let (pending, head) = store
+        .write_and_commit(
+            &scope,
+            b"one",
+            &key(&scope, "one"),
+            &commit("", 0, "run-1"),
+            Some("idx/one"),
+        )
+        .await
+        .expect("write and commit");
+    assert_eq!(head.revision, 1);
+    assert_eq!(
+        head.state_id, pending.state_id,
+        "the head is the state just written"
+    );
+    assert_eq!(
+        store
+            .read_state(&scope, &pending.state_id)
+            .await
+            .expect("read"),
+        Some(b"one".to_vec())
+    );
+    let (_, retried) = store
+        .write_and_commit(
+            &scope,
+            b"one",
+            &key(&scope, "one"),
+            &commit("", 0, "run-1"),
+            Some("idx/one"),
+        )
+        .await
+        .expect("retry");
+    assert_eq!(retried.revision, 1, "a retry returns the head it made");
+    assert_eq!(
+        store
+            .get_object(&scope, "idx/one")
+            .await
+            .expect("get")
+            .and_then(|o| o.body),
+        Some(b"one".to_vec()),
+        "the index object holds the committed body"
+    );
+    assert_eq!(
+        code(
+            store
+                .write_and_commit(
+                    &scope,
+                    b"two",
+                    &key(&scope, "two"),
+                    &commit("", 0, "run-2"),
+                    Some("idx/two")
+                )
+                .await
+        ),
+        "revision_conflict"
+    );
+    let stale = StateScope {
+        lease_generation: scope.lease_generation + 1,
+        ..scope.clone()
+    };
+    assert_eq!(
+        code(
+            store
+                .write_and_commit(
+                    &stale,
+                    b"three",
+                    &key(&scope, "three"),
+                    &commit("", 1, "run-3"),
+                    None
+                )
+                .await
+        ),
+        "stale_lease"
+    );
+    assert_eq!(
+        store
+            .load_head(&scope)
+            .await
+            .expect("load")
+            .map(|h| h.revision),
+        Some(1),
+        "refused calls leave the head alone"
+    );
+    assert!(
+        store
+            .get_object(&scope, "idx/two")
+            .await
+            .expect("get")
+            .is_none(),
+        "a refused commit indexes nothing"
+    );
+}
+
 /// Every case, by name, so each backend's test file can check it wires them all.
 pub const CASES: &[&str] = &[
     "head_is_the_last_commit_never_a_pending_entry",
@@ -1476,6 +1574,7 @@ pub const CASES: &[&str] = &[
     "native_streams_dedupe_order_and_cascade",
     "retention_sweeps_delete_by_policy_and_audit",
     "binding_identity_is_create_or_get",
+    "write_and_commit_is_a_turn_in_one_call",
 ];
 
 /// Declares one `#[tokio::test]` per case for a backend. `$open` is an async expression
@@ -1506,11 +1605,12 @@ macro_rules! conformance_tests {
             native_objects_put_get_list_delete,
             native_streams_dedupe_order_and_cascade,
             retention_sweeps_delete_by_policy_and_audit,
-            binding_identity_is_create_or_get
+            binding_identity_is_create_or_get,
+            write_and_commit_is_a_turn_in_one_call
         );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 15, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 16, "add new cases to conformance_tests!");
         }
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {

@@ -319,6 +319,9 @@ impl MongoStore {
         let id = put.record.id.clone();
         let now = put.record.updated_at_ms;
         let _guard = self.memory_lock(&id).await;
+        if let Some(scope) = &put.fence {
+            self.admit(scope).await?;
+        }
         for _ in 0..CAS_ATTEMPTS {
             let mut current = self.read_memory(&id).await?;
             if let Some(cur) = current.take_if(|c| expired(c, now))

@@ -355,6 +355,9 @@ pub(super) fn get(
 }
 
 pub(super) fn put(conn: &Connection, put: &MemoryPut) -> Result<MemoryWriteOutcome> {
+    if let Some(scope) = &put.fence {
+        super::admit(conn, &super::ScopeKey::of(scope))?;
+    }
     let ns = &put.record.namespace;
     let now = put.record.updated_at_ms;
     let mut existing = current(conn, &ns.key, &put.record.memory_key)?;

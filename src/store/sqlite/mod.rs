@@ -270,6 +270,36 @@ impl SqliteStore {
         })
     }
 
+    /// The commit's input checks, and its terminal metadata rendered for the row.
+    fn prepare_commit(&self, request: &CommitRequest) -> Result<state::Commit> {
+        let max_key = self.limits.max_key_bytes;
+        check_key("state id", &request.state_id, max_key)?;
+        check_key("run id", &request.run_id, max_key)?;
+        sql_int("expected revision", request.expected_revision)?;
+        let terminal_json = match &request.terminal {
+            Some(terminal) => {
+                check_json_size(
+                    "run terminal metadata",
+                    &terminal.metadata,
+                    self.limits.max_metadata_bytes,
+                )?;
+                Some(
+                    serde_json::to_string(terminal)
+                        .map_err(|e| Rejection::Invalid(format!("run terminal metadata: {e}")))?,
+                )
+            }
+            None => None,
+        };
+        if let Some(interrupt) = &request.interrupt {
+            check_key("interrupt id", &interrupt.interrupt_id, max_key)?;
+        }
+        Ok(state::Commit {
+            request: request.clone(),
+            terminal_json,
+            max_interrupt_bytes: self.limits.max_metadata_bytes,
+        })
+    }
+
     /// Validation and the rate limit for a scoped write; returns the owned scope.
     fn scoped_write(&self, scope: &StateScope) -> Result<ScopeKey> {
         self.rate_check(&scope.binding_id)?;
@@ -401,35 +431,58 @@ impl ThreadStateStore for SqliteStore {
         scope: &StateScope,
         request: &CommitRequest,
     ) -> Result<DurableStateHead> {
-        let max_key = self.limits.max_key_bytes;
-        check_key("state id", &request.state_id, max_key)?;
-        check_key("run id", &request.run_id, max_key)?;
-        sql_int("expected revision", request.expected_revision)?;
-        let terminal_json = match &request.terminal {
-            Some(terminal) => {
-                check_json_size(
-                    "run terminal metadata",
-                    &terminal.metadata,
-                    self.limits.max_metadata_bytes,
-                )?;
-                Some(
-                    serde_json::to_string(terminal)
-                        .map_err(|e| Rejection::Invalid(format!("run terminal metadata: {e}")))?,
-                )
-            }
-            None => None,
-        };
-        if let Some(interrupt) = &request.interrupt {
-            check_key("interrupt id", &interrupt.interrupt_id, max_key)?;
-        }
+        let commit = self.prepare_commit(request)?;
         let scope = self.scoped_write(scope)?;
-        let commit = state::Commit {
-            request: request.clone(),
-            terminal_json,
-            max_interrupt_bytes: self.limits.max_metadata_bytes,
-        };
         self.writer
             .run(move |conn| state::commit_head(conn, &scope, commit, now_ms()))
+            .await
+    }
+
+    async fn write_and_commit(
+        &self,
+        scope: &StateScope,
+        payload: &[u8],
+        idempotency: &IdempotencyDigest,
+        request: &CommitRequest,
+        index: Option<&str>,
+    ) -> Result<(PendingStateRef, DurableStateHead)> {
+        crate::store::checks::native_state(&self.limits, payload, idempotency)?;
+        if let Some(key) = index {
+            crate::store::checks::object(&self.limits, key, payload)?;
+        }
+        let scope = self.scoped_write(scope)?;
+        let digest = content_digest(payload);
+        let write = state::NativeWrite {
+            content_digest: digest.clone(),
+            payload: payload.to_vec(),
+            idempotency: idempotency.clone(),
+            max_pending: self.limits.max_pending_entries,
+        };
+        let put = index.map(|key| native::Put {
+            key: key.to_owned(),
+            content_digest: digest,
+            body: payload.to_vec(),
+            mode: PutMode::Upsert,
+            max_objects: self.limits.max_objects,
+        });
+        // The state id is not known yet: checked with a placeholder of the same shape,
+        // replaced inside the job once the pending write has made it.
+        let mut commit = self.prepare_commit(&CommitRequest {
+            state_id: "ps_pending".to_owned(),
+            ..request.clone()
+        })?;
+        // One writer job, so one transaction: a refused commit leaves nothing behind.
+        self.writer
+            .run(move |conn| {
+                let now = now_ms();
+                let pending = state::write_native_state(conn, &scope, write, now)?;
+                commit.request.state_id = pending.state_id.clone();
+                let head = state::commit_head(conn, &scope, commit, now)?;
+                if let Some(put) = put {
+                    native::put_object(conn, &scope, put, now)?;
+                }
+                Ok((pending, head))
+            })
             .await
     }
 
