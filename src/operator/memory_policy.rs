@@ -157,8 +157,7 @@ async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
 
 /// Keeps the data plane's policy snapshot equal to the valid `MemoryPolicy` objects it
 /// can see. Runs on every replica (each serves the data plane), not only the leader.
-/// Policies are keyed by name: run one operator per namespace (`--namespace`) when
-/// names repeat across namespaces.
+/// Policies are keyed `namespace/name`.
 pub async fn feed(
     client: kube::Client,
     namespace: Option<String>,
@@ -182,20 +181,24 @@ pub async fn feed(
                 set.policies.clear();
                 for p in initial.drain(..) {
                     if validate(&p).is_ok() {
-                        set.policies.insert(p.name_any(), p.spec);
+                        set.policies.insert(policy_key(&p), p.spec);
                     }
                 }
                 shared.replace(set);
             }
             Ok(watcher::Event::Apply(p)) => {
                 if validate(&p).is_ok() {
-                    shared.upsert(&p.name_any(), p.spec);
+                    shared.upsert(&policy_key(&p), p.spec);
                 } else {
-                    shared.remove(&p.name_any());
+                    shared.remove(&policy_key(&p));
                 }
             }
-            Ok(watcher::Event::Delete(p)) => shared.remove(&p.name_any()),
+            Ok(watcher::Event::Delete(p)) => shared.remove(&policy_key(&p)),
             Err(e) => eprintln!("harness-engine operator: watching MemoryPolicies: {e}"),
         }
     }
+}
+
+fn policy_key(p: &MemoryPolicy) -> String {
+    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
