@@ -92,8 +92,8 @@ pub fn run_child_until(mut cmd: Command, stop: impl Fn(&Observed) -> bool) -> Ob
     let stdout = child.stdout.take().expect("child stdout");
     let mut observed = Observed::default();
     let deadline = Instant::now() + Duration::from_secs(120);
-    for line in BufReader::new(stdout).lines() {
-        let Ok(line) = line else { break };
+    let mut lines = BufReader::new(stdout).lines();
+    let note = |observed: &mut Observed, line: &str| -> bool {
         let mut parts = line.split_whitespace();
         match (
             parts.next(),
@@ -103,7 +103,14 @@ pub fn run_child_until(mut cmd: Command, stop: impl Fn(&Observed) -> bool) -> Ob
             (Some("PENDING"), Some(n)) => {
                 observed.last_pending = parts.next().map(|id| (n, id.to_owned()))
             }
-            _ => continue,
+            _ => return false,
+        }
+        true
+    };
+    for line in lines.by_ref() {
+        let Ok(line) = line else { break };
+        if !note(&mut observed, &line) {
+            continue;
         }
         if stop(&observed) || Instant::now() > deadline {
             break;
@@ -111,6 +118,11 @@ pub fn run_child_until(mut cmd: Command, stop: impl Fn(&Observed) -> bool) -> Ob
     }
     let _ = child.kill(); // SIGKILL on Unix: no destructor, no flush, no graceful close.
     let _ = child.wait();
+    // The child kept running between our decision and the kill: what it acknowledged
+    // in that window is still in the pipe, and counts.
+    for line in lines.map_while(Result::ok) {
+        note(&mut observed, &line);
+    }
     observed
 }
 
