@@ -9,7 +9,8 @@
 //! Writes the same figures as flat JSON to `target/bench/operator.json`.
 //!
 //! `cargo bench --bench operator` creates 500 bindings; without `--bench` (as
-//! `cargo test --all-targets` runs it) it creates 5. Targets: overhead p50 <= 50 ms,
+//! `cargo test --all-targets` runs it) it creates 5. `HARNESS_BENCH_BINDINGS` sets another
+//! count and `HARNESS_BENCH_CONCURRENCY` the operator's `--concurrency`. Targets: overhead p50 <= 50 ms,
 //! p99 <= 250 ms; RSS <= 100 MiB at 500 bindings.
 
 #[path = "../tests/common/mod.rs"]
@@ -77,7 +78,9 @@ async fn run(n: usize, full: bool) {
         namespace: &ns.name,
         data_dir: &scratch.path().join("data"),
         leader_lease_seconds: Some(15),
-        extra: vec![],
+        extra: std::env::var("HARNESS_BENCH_CONCURRENCY")
+            .map(|c| vec!["--concurrency".to_owned(), c])
+            .unwrap_or_default(),
     });
     let http = reqwest::Client::new();
     // Wait for the profile to be accepted before the clock starts.
