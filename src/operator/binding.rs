@@ -232,29 +232,12 @@ impl<'a> Step<'a> {
         if !self.changed() && self.events.is_empty() {
             return Ok(Some(self.binding.clone()));
         }
-        let ns = self.binding.namespace().unwrap_or_default();
-        let api: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
-        let mut object = self.binding.clone();
-        object.status = Some(self.status.clone());
-        object.metadata.managed_fields = None;
         let written = if self.changed() {
-            match api
-                .replace_status(
-                    &object.name_any(),
-                    &PostParams {
-                        field_manager: Some(super::FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &object,
-                )
-                .await
-            {
-                Ok(written) => written,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    ctx.metrics.status_conflicts.inc();
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.into()),
+            let mut object = self.binding.clone();
+            object.status = Some(self.status.clone());
+            match super::replace_status(ctx, &object).await? {
+                Some(written) => written,
+                None => return Ok(None),
             }
         } else {
             self.binding.clone()

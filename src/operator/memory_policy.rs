@@ -5,14 +5,7 @@
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use kube::{
-    Api, Resource, ResourceExt,
-    api::{ListParams, PostParams},
-    runtime::{
-        controller::Action,
-        events::{Event, EventType},
-    },
-};
+use kube::{Api, Resource, ResourceExt, api::ListParams, runtime::controller::Action};
 
 use super::{Context, Error};
 use crate::api::{
@@ -113,43 +106,14 @@ async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
     status.observed_generation = policy.metadata.generation;
     status.selected_agents = selected;
     if policy.status.as_ref() != Some(&status) {
-        let api: Api<MemoryPolicy> = Api::namespaced(ctx.client.clone(), &ns);
         let mut object = policy.clone();
         object.status = Some(status);
-        object.metadata.managed_fields = None;
-        match api
-            .replace_status(
-                &policy.name_any(),
-                &PostParams {
-                    field_manager: Some(super::FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &object,
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Ok(Action::requeue(Duration::from_millis(200)));
-            }
-            Err(e) => return Err(e.into()),
+        if super::replace_status(ctx, &object).await?.is_none() {
+            return Ok(Action::requeue(Duration::from_millis(200)));
         }
         if was.as_deref() != Some(reason) {
-            ctx.publish(
-                &policy.object_ref(&()),
-                Event {
-                    type_: if ok {
-                        EventType::Normal
-                    } else {
-                        EventType::Warning
-                    },
-                    reason: reason.into(),
-                    note: Some(message),
-                    action: "Validate".into(),
-                    secondary: None,
-                },
-            )
-            .await;
+            ctx.publish_verdict(&policy.object_ref(&()), ok, reason, message)
+                .await;
         }
     }
     Ok(Action::requeue(Duration::from_secs(60)))

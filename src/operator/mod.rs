@@ -395,6 +395,65 @@ fn error_policy<K>(_obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
     Action::requeue(Duration::from_secs(2))
 }
 
+/// Writes `object` (carrying its new status) through the status subresource: a
+/// compare-and-set on the `resourceVersion` it was read at. `Ok(None)` is a conflict
+/// (counted): someone else moved first, and the caller starts over.
+pub(crate) async fn replace_status<K>(ctx: &Context, object: &K) -> Result<Option<K>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
+    let mut object = object.clone();
+    object.meta_mut().managed_fields = None;
+    let params = kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api
+        .replace_status(&object.name_any(), &params, &object)
+        .await
+    {
+        Ok(written) => Ok(Some(written)),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            ctx.metrics.status_conflicts.inc();
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Context {
+    /// The event of a validation verdict (profiles, memory policies): Normal when Ready.
+    pub(crate) async fn publish_verdict(
+        &self,
+        reference: &ObjectReference,
+        ok: bool,
+        reason: &str,
+        message: String,
+    ) {
+        let type_ = if ok {
+            kube::runtime::events::EventType::Normal
+        } else {
+            kube::runtime::events::EventType::Warning
+        };
+        self.publish(
+            reference,
+            Event {
+                type_,
+                reason: reason.into(),
+                note: Some(message),
+                action: "Validate".into(),
+                secondary: None,
+            },
+        )
+        .await;
+    }
+}
+
 /// What a binding reconcile reacts to on the binding itself: everything but status.
 fn binding_trigger(b: &HarnessBinding) -> Option<u64> {
     use std::hash::{Hash, Hasher};

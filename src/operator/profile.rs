@@ -6,14 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use kube::{
-    Api, Resource, ResourceExt,
-    api::{ListParams, PostParams},
-    runtime::{
-        controller::Action,
-        events::{Event, EventType},
-    },
-};
+use kube::{Api, Resource, ResourceExt, api::ListParams, runtime::controller::Action};
 
 use super::{Context, Error};
 use crate::api::{
@@ -186,26 +179,10 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
     }
     status.active_leases = i32::try_from(active).unwrap_or(i32::MAX);
     if profile.status.as_ref() != Some(&status) {
-        let api: Api<SandboxProfile> = Api::namespaced(ctx.client.clone(), &ns);
         let mut object = profile.clone();
         object.status = Some(status);
-        object.metadata.managed_fields = None;
-        match api
-            .replace_status(
-                &profile.name_any(),
-                &PostParams {
-                    field_manager: Some(super::FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &object,
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Ok(Action::requeue(Duration::from_millis(200)));
-            }
-            Err(e) => return Err(e.into()),
+        if super::replace_status(ctx, &object).await?.is_none() {
+            return Ok(Action::requeue(Duration::from_millis(200)));
         }
         if was
             != Some((
@@ -213,21 +190,8 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
                 reason.to_owned(),
             ))
         {
-            ctx.publish(
-                &profile.object_ref(&()),
-                Event {
-                    type_: if ok {
-                        EventType::Normal
-                    } else {
-                        EventType::Warning
-                    },
-                    reason: reason.into(),
-                    note: Some(message),
-                    action: "Validate".into(),
-                    secondary: None,
-                },
-            )
-            .await;
+            ctx.publish_verdict(&profile.object_ref(&()), ok, reason, message)
+                .await;
         }
     }
     // Lease counts drift as bindings come and go; look again now and then.
