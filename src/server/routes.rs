@@ -232,7 +232,12 @@ async fn bind(
     let span = step_span(Step::SessionBinding, "binding.create", &record.binding_id);
     let (stored, created) = traced(span.clone(), state.store().ensure_binding(&record)).await?;
     spans::record(&span, keys::CREATED, created);
-    state.auth().bound(&caller, &stored.binding_id).await;
+    if !created {
+        // Only an existing conversation can be hibernated; the resume request is best
+        // effort and never delays or fails the bind.
+        let (state, id) = (state.clone(), stored.binding_id.clone());
+        tokio::spawn(async move { state.auth().bound(&caller, &id).await });
+    }
     let status = if created {
         StatusCode::CREATED
     } else {
