@@ -69,12 +69,18 @@ def test_error_model_is_typed(client) -> None:
     assert w.get_object("missing") is None
 
 
-def test_traceparent_follows_the_current_span_and_baggage_stays_home(client) -> None:
+def test_traceparent_follows_the_current_span_and_baggage_stays_home(client, monkeypatch) -> None:
     from opentelemetry import baggage, context, trace
     from opentelemetry.sdk.trace import TracerProvider
 
     seen: list[dict[str, str]] = []
-    client._http.event_hooks["request"].append(lambda r: seen.append(dict(r.headers)))
+    send = client._http.request
+
+    def spy(method, path, params, headers, content, json):  # the headers as sent
+        seen.append(dict(headers))
+        return send(method, path, params, headers, content, json)
+
+    monkeypatch.setattr(client._http, "request", spy)
     try:
         tracer = TracerProvider().get_tracer("test")
         token = context.attach(baggage.set_baggage("user", "alice"))
@@ -86,7 +92,7 @@ def test_traceparent_follows_the_current_span_and_baggage_stays_home(client) -> 
             context.detach(token)
         _binding(client)  # outside any span
     finally:
-        client._http.event_hooks["request"].clear()
+        monkeypatch.undo()
     inside, outside = seen
     assert inside["traceparent"].split("-")[1] == trace_id
     assert "baggage" not in inside

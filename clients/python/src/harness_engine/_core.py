@@ -16,8 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import httpx
-
+from ._wire import Reply
 from .errors import HarnessError, Invalid, error_from_response
 
 T = TypeVar("T")
@@ -164,7 +163,7 @@ class Call(Generic[T]):
 
     method: str
     path: str
-    parse: Callable[[httpx.Response], T]
+    parse: Callable[[Reply], T]
     params: Mapping[str, str] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     content: bytes | None = None
@@ -184,7 +183,7 @@ def headers_for(settings: Settings, call_headers: Mapping[str, str]) -> dict[str
     return headers
 
 
-def raise_for(resp: httpx.Response, call: Call[Any]) -> None:
+def raise_for(resp: Reply, call: Call[Any]) -> None:
     try:
         body = resp.json()
     except ValueError:
@@ -200,7 +199,7 @@ def should_retry(call: Call[Any], status: int | None) -> bool:
     return status is None or status in RETRY_STATUSES
 
 
-def retry_delay(settings: Settings, attempt: int, resp: httpx.Response | None) -> float:
+def retry_delay(settings: Settings, attempt: int, resp: Reply | None) -> float:
     if resp is not None and (ra := resp.headers.get("retry-after")):
         try:
             return min(float(ra), 5.0)
@@ -347,7 +346,7 @@ class StreamInfo:
 # --- Call builders -------------------------------------------------------------------
 
 
-def _json(resp: httpx.Response) -> Any:
+def _json(resp: Reply) -> Any:
     return resp.json()
 
 
@@ -390,7 +389,7 @@ class WorkerCalls:
         return h
 
     def load_head(self) -> Call[Head | None]:
-        def parse(r: httpx.Response) -> Head | None:
+        def parse(r: Reply) -> Head | None:
             head = r.json().get("head")
             return Head.from_json(head) if head else None
 
@@ -402,7 +401,7 @@ class WorkerCalls:
         )
 
     def write_pending(self, body: bytes, key: str) -> Call[PendingState]:
-        def parse(r: httpx.Response) -> PendingState:
+        def parse(r: Reply) -> PendingState:
             d = r.json()
             return PendingState(d["state_id"], d["codec"], int(d["size"]), d["content_digest"])
 
@@ -490,7 +489,7 @@ class WorkerCalls:
         )
 
     def get_object(self, key: str) -> Call[StoredObject | None]:
-        def parse(r: httpx.Response) -> StoredObject | None:
+        def parse(r: Reply) -> StoredObject | None:
             etag = r.headers.get("etag", '"0"').strip('"')
             return StoredObject(
                 key=key,
@@ -528,7 +527,7 @@ class WorkerCalls:
         if with_bodies:
             params["with_bodies"] = "true"
 
-        def parse(r: httpx.Response) -> ObjectPage:
+        def parse(r: Reply) -> ObjectPage:
             d = r.json()
             return ObjectPage(
                 [StoredObject.from_json(o) for o in d["objects"]], d.get("next_before")
@@ -546,7 +545,7 @@ class WorkerCalls:
         )
 
     def append(self, stream: str, entries: list[tuple[str, bytes]], key: str) -> Call[Appended]:
-        def parse(r: httpx.Response) -> Appended:
+        def parse(r: Reply) -> Appended:
             d = r.json()
             return Appended(int(d["appended"]), int(d["duplicates"]), int(d["last_seq"]))
 
@@ -570,7 +569,7 @@ class WorkerCalls:
         if limit is not None:
             params["limit"] = str(limit)
 
-        def parse(r: httpx.Response) -> list[StreamEntry]:
+        def parse(r: Reply) -> list[StreamEntry]:
             return [
                 StreamEntry(int(e["seq"]), e["id"], base64.b64decode(e["body"]))
                 for e in r.json()["entries"]
@@ -581,7 +580,7 @@ class WorkerCalls:
     def list_streams(self, prefix: str = "") -> Call[list[StreamInfo]]:
         params = {"prefix": prefix} if prefix else {}
 
-        def parse(r: httpx.Response) -> list[StreamInfo]:
+        def parse(r: Reply) -> list[StreamInfo]:
             return [
                 StreamInfo(s["name"], int(s["entries"]), int(s["last_seq"]), int(s["updated_at_ms"]))
                 for s in r.json()["streams"]

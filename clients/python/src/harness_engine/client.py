@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from . import _core
+from . import _core, _wire
 from ._core import (
     Appended,
     Binding,
@@ -64,7 +64,7 @@ def _ambiguous(status: int | None) -> bool:
     return status != 429
 
 
-def _refused(call: Call[Any], resp: httpx.Response, ambiguous: bool) -> HarnessError:
+def _refused(call: Call[Any], resp: _wire.Reply, ambiguous: bool) -> HarnessError:
     try:
         _core.raise_for(resp, call)
     except HarnessError as err:
@@ -90,7 +90,7 @@ class HarnessClient:
         self.settings = _core.resolve_settings(
             endpoint, token, token_file, subject, timeout, retries, backoff
         )
-        self._http = httpx.Client(**_client_kwargs(self.settings))
+        self._http = _wire.Pool(self.settings.endpoint, self.settings.timeout)
 
     def close(self) -> None:
         self._http.close()
@@ -110,18 +110,18 @@ class HarnessClient:
                 resp = self._http.request(
                     call.method,
                     call.path,
-                    params=call.params,
-                    headers=_core.headers_for(s, call.headers),
-                    content=call.content,
-                    json=call.json,
+                    call.params,
+                    _core.headers_for(s, call.headers),
+                    call.content,
+                    call.json,
                 )
-            except httpx.TransportError as e:
+            except _wire.WireError as e:
                 if attempt < s.retries and _core.should_retry(call, None):
-                    ambiguous = ambiguous or not isinstance(e, httpx.ConnectError)
+                    ambiguous = ambiguous or e.sent
                     time.sleep(_core.retry_delay(s, attempt, None))
                     attempt += 1
                     continue
-                raise TransportError(f"{call.method} {call.path}: {e!r}") from e
+                raise TransportError(f"{call.method} {call.path}: {e}") from e
             status = resp.status_code
             if status < 400:
                 return call.parse(resp)

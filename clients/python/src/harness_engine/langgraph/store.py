@@ -30,7 +30,6 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, unquote
 
-import httpx
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -44,6 +43,7 @@ from langgraph.store.base import (
 )
 
 from .._core import Call, derived_key, new_key
+from .._wire import Reply
 from ..client import AsyncWorker, Worker
 from ..errors import RevisionConflict
 
@@ -142,7 +142,7 @@ class _MemoryCalls:
         )
 
     def search(self, query: str, limit: int) -> Call[list[dict[str, Any]]]:
-        def parse(r: httpx.Response) -> list[dict[str, Any]]:
+        def parse(r: Reply) -> list[dict[str, Any]]:
             return list(r.json()["results"])
 
         return Call(
