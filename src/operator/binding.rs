@@ -104,19 +104,32 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
             u64::try_from(lease.generation).unwrap_or(0),
         );
     }
-    let result = finalizer(&api, FINALIZER, binding, |event| async {
-        match event {
-            FinalizerEvent::Apply(b) => apply(&b, &ctx).await,
-            FinalizerEvent::Cleanup(b) => cleanup(&b, &ctx).await,
+    let result = async {
+        if let Some(caches) = ctx.caches() {
+            caches.ready().await?;
         }
-    })
+        if prepare_metadata(&api, &binding, &ctx).await? {
+            // The watch brings the labelled, finalized binding back as a new trigger.
+            return Ok(Action::await_change());
+        }
+        let mut binding = binding;
+        // A status write that lost its compare-and-set most often read a binding the
+        // watch had not refreshed yet (our own previous write): read it live and go
+        // again once, instead of waiting for a requeue.
+        for attempt in 0..2 {
+            let action = finalize(&api, binding.clone(), &ctx).await?;
+            if action != conflict_retry() || attempt == 1 {
+                return Ok(action);
+            }
+            match api.get_opt(&binding.name_any()).await? {
+                Some(fresh) => binding = Arc::new(fresh),
+                None => return Ok(Action::await_change()),
+            }
+        }
+        Ok(conflict_retry())
+    }
     .instrument(span.clone())
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    });
+    .await;
     match &result {
         Ok(_) => spans::record_ok(&span),
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
@@ -127,6 +140,66 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
     ctx.metrics
         .observe_reconcile("harnessbinding", &result, started.elapsed());
     result
+}
+
+async fn finalize(
+    api: &Api<HarnessBinding>,
+    binding: Arc<HarnessBinding>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    finalizer(api, FINALIZER, binding, |event| async {
+        match event {
+            FinalizerEvent::Apply(b) => apply(&b, ctx).await,
+            FinalizerEvent::Cleanup(b) => cleanup(&b, ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+/// A new binding needs our finalizer and the binding-id label (the worker
+/// authenticator finds the store binding through it): both in one patch, guarded by
+/// the `resourceVersion` it was read at. `true` when it patched.
+async fn prepare_metadata(
+    api: &Api<HarnessBinding>,
+    binding: &HarnessBinding,
+    ctx: &Context,
+) -> Result<bool, Error> {
+    if binding.meta().deletion_timestamp.is_some() {
+        return Ok(false);
+    }
+    let spec = &binding.spec;
+    let id =
+        ctx.keyring
+            .binding_id_for_ref(&spec.subject_ref, &spec.agent_id, &spec.conversation_id);
+    let labelled = binding.labels().get(BINDING_ID_LABEL).map(String::as_str) == Some(id.as_str());
+    let finalizers = binding.finalizers();
+    let finalized = finalizers.iter().any(|f| f == FINALIZER);
+    if labelled && finalized {
+        return Ok(false);
+    }
+    let mut all: Vec<String> = finalizers.to_vec();
+    if !finalized {
+        all.push(FINALIZER.to_owned());
+    }
+    let patch = json!({"metadata": {
+        "resourceVersion": binding.resource_version(),
+        "labels": {BINDING_ID_LABEL: id.as_str()},
+        "finalizers": all,
+    }});
+    match api
+        .patch(&binding.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Someone moved first: the watch brings the newer object.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(true),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Requeue soon after a conflict: someone else moved the object.
@@ -275,15 +348,11 @@ async fn apply(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Error>
         ctx.keyring
             .binding_id_for_ref(&spec.subject_ref, &spec.agent_id, &spec.conversation_id);
 
-    // The worker authenticator finds the store binding through this label.
+    // The worker authenticator finds the store binding through this label
+    // (`prepare_metadata` sets it before the first apply).
     if binding.labels().get(BINDING_ID_LABEL).map(String::as_str) != Some(id.as_str()) {
         let api: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
-        api.patch(
-            &binding.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {BINDING_ID_LABEL: id.as_str()}}})),
-        )
-        .await?;
+        prepare_metadata(&api, binding, ctx).await?;
         return Ok(Action::await_change());
     }
 
@@ -418,7 +487,15 @@ async fn resolve_profile(
         step.event(EventType::Warning, reason, message);
         Ok(None)
     };
-    let Some(profile) = profiles.get_opt(name).await? else {
+    let cached = ctx
+        .caches()
+        .and_then(|c| super::Caches::get(&c.profiles, &ns, name))
+        .map(|p| (*p).clone());
+    let profile = match cached {
+        Some(p) => Some(p),
+        None => profiles.get_opt(name).await?,
+    };
+    let Some(profile) = profile else {
         return refuse(
             step,
             "ProfileNotFound",
@@ -535,11 +612,13 @@ async fn new_generation(
             format!("replacing the worker at lease generation {generation}: {message}")
         },
     );
+    // Worded as `progress_claim` will find it right after creating the claim, so the
+    // wait costs no second status write.
     step.condition(
         SANDBOX_READY,
         false,
-        "Claiming",
-        format!("SandboxClaim {name} is being created"),
+        "ClaimNotReady",
+        format!("waiting for SandboxClaim {name} to be Ready"),
     );
     step.condition(
         WORKER_VERIFIED,
@@ -653,8 +732,14 @@ async fn progress_claim(
         release_claims(&claims, binding, Some(&name), &mut step).await?;
     }
 
-    // 4. The claim of this generation.
-    let claim = match claims.get_opt(&name).await? {
+    // 4. The claim of this generation. Absent from the cache means not created yet,
+    // or created so recently the watch has not brought it: create, and a 409 says which.
+    let caches = ctx.caches();
+    let cached = match &caches {
+        Some(c) => super::Caches::get(&c.claims, &ns, &name).map(|c| (*c).clone()),
+        None => claims.get_opt(&name).await?,
+    };
+    let claim = match cached {
         Some(claim) => claim,
         None => {
             let uid = binding.uid().unwrap_or_default();
@@ -793,11 +878,24 @@ async fn progress_claim(
         }
     };
 
-    // The sandbox and its pod: ownership checked by UID, not by name.
+    // The sandbox and its pod: ownership checked by UID, not by name. From the caches
+    // when the controllers run (a miss waits: their watch triggers this binding).
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let get_sandbox = async |name: &str| -> Result<Option<Sandbox>, Error> {
+        Ok(match &caches {
+            Some(c) => super::Caches::get(&c.sandboxes, &ns, name).map(|o| (*o).clone()),
+            None => sandboxes.get_opt(name).await?,
+        })
+    };
+    let get_pod = async |name: &str| -> Result<Option<Pod>, Error> {
+        Ok(match &caches {
+            Some(c) => super::Caches::get(&c.pods, &ns, name).map(|o| (*o).clone()),
+            None => pods.get_opt(name).await?,
+        })
+    };
     let found = async {
-        let Some(sb) = sandboxes.get_opt(&sandbox_name).await? else {
+        let Some(sb) = get_sandbox(&sandbox_name).await? else {
             return Ok::<_, Error>(Err(format!("Sandbox {sandbox_name} not found")));
         };
         if !controlled_by_uid(
@@ -821,7 +919,7 @@ async fn progress_claim(
             .filter(|n| !n.is_empty())
             .cloned()
             .unwrap_or_else(|| sandbox_name.clone());
-        let Some(pod) = pods.get_opt(&pod_name).await? else {
+        let Some(pod) = get_pod(&pod_name).await? else {
             return Ok(Err(format!(
                 "pod {pod_name} of Sandbox {sandbox_name} not found"
             )));
@@ -953,7 +1051,6 @@ async fn progress_claim(
             spans::record(&bind_span, keys::OUTCOME, "bound");
             ctx.anchors
                 .finish(&binding.uid().unwrap_or_default(), "bound");
-            ctx.index_sandbox(&ns, &sandbox_name, binding);
             Ok(Action::requeue(next_check(lease, resolved, ctx)))
         }
     }
@@ -1061,67 +1158,36 @@ async fn check_ready(
 ) -> Result<Action, Error> {
     let binding = step.binding;
     let ns = binding.namespace().unwrap_or_default();
-    let claims: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let sandboxes: Api<Sandbox> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    if let Some(sb) = &lease.sandbox_name {
-        ctx.index_sandbox(&ns, sb, binding);
-    }
-
     let claim_name = lease.claim_name.clone().unwrap_or_default();
-    let claim = claims.get_opt(&claim_name).await?;
-    let failure: Option<(&'static str, String)> = match claim {
-        None => Some((
-            "ClaimLost",
-            format!("SandboxClaim {claim_name} no longer exists"),
-        )),
-        Some(c) if c.uid() != lease.claim_uid || c.meta().deletion_timestamp.is_some() => Some((
-            "ClaimLost",
-            format!("SandboxClaim {claim_name} was deleted or recreated"),
-        )),
-        Some(_) => {
-            let sb_name = lease.sandbox_name.clone().unwrap_or_default();
-            match sandboxes.get_opt(&sb_name).await? {
-                None => Some(("SandboxLost", format!("Sandbox {sb_name} no longer exists"))),
-                Some(sb) if sb.uid() != lease.sandbox_uid => Some((
-                    "SandboxLost",
-                    format!("Sandbox {sb_name} was recreated with another UID"),
-                )),
-                Some(sb) => {
-                    let pod_name = lease.worker_pod_name.clone().unwrap_or_default();
-                    let pod = pods.get_opt(&pod_name).await?;
-                    match pod {
-                        None => Some((
-                            "WorkerPodLost",
-                            format!("worker pod {pod_name} was deleted"),
-                        )),
-                        Some(p) if p.metadata.uid != lease.worker_pod_uid => Some((
-                            "WorkerPodLost",
-                            format!(
-                                "worker pod {pod_name} was deleted and recreated: a new process is a new worker"
-                            ),
-                        )),
-                        Some(p) if p.metadata.deletion_timestamp.is_some() => Some((
-                            "WorkerPodLost",
-                            format!("worker pod {pod_name} is being deleted"),
-                        )),
-                        Some(_)
-                            if !sb
-                                .status
-                                .as_ref()
-                                .is_some_and(|s| sandbox::is_ready(&s.conditions)) =>
-                        {
-                            Some((
-                                "SandboxFailed",
-                                format!("Sandbox {sb_name} is no longer Ready"),
-                            ))
-                        }
-                        Some(_) => None,
-                    }
-                }
-            }
-        }
+    let sb_name = lease.sandbox_name.clone().unwrap_or_default();
+    let pod_name = lease.worker_pod_name.clone().unwrap_or_default();
+
+    // The caches first; a failure they show is confirmed with live reads before a
+    // worker is replaced on their word (a cache can lag, never lead, the API server).
+    let mut failure = match ctx.caches() {
+        Some(c) => lease_failure(
+            super::Caches::get(&c.claims, &ns, &claim_name).as_deref(),
+            super::Caches::get(&c.sandboxes, &ns, &sb_name).as_deref(),
+            super::Caches::get(&c.pods, &ns, &pod_name).as_deref(),
+            lease,
+        ),
+        None => Some(("Unverified", String::new())),
     };
+    if failure.is_some() {
+        let claims: Api<SandboxClaim> = Api::namespaced(ctx.client.clone(), &ns);
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        let claim = claims.get_opt(&claim_name).await?;
+        let sandbox = match &claim {
+            Some(_) => sandboxes.get_opt(&sb_name).await?,
+            None => None,
+        };
+        let pod = match &sandbox {
+            Some(_) => pods.get_opt(&pod_name).await?,
+            None => None,
+        };
+        failure = lease_failure(claim.as_ref(), sandbox.as_ref(), pod.as_ref(), lease);
+    }
     if let Some((reason, message)) = failure {
         step.condition(SANDBOX_READY, false, reason, message.clone());
         step.event(EventType::Warning, reason, message.clone());
@@ -1158,7 +1224,6 @@ async fn check_ready(
     if resolved.profile.spec.hibernation == HibernationPolicy::Suspend
         && since(&last_active) >= resolved.idle_ttl
     {
-        let sb_name = lease.sandbox_name.clone().unwrap_or_default();
         sandboxes
             .patch(
                 &sb_name,
@@ -1198,6 +1263,71 @@ async fn check_ready(
         Some(_) => Action::requeue(next_check(lease, resolved, ctx)),
         None => conflict_retry(),
     })
+}
+
+/// Why a Ready lease's worker is gone, from what was read of its claim, sandbox and pod
+/// (`None` where absent). `None` when the worker is still the one that was verified.
+fn lease_failure(
+    claim: Option<&SandboxClaim>,
+    sandbox: Option<&Sandbox>,
+    pod: Option<&Pod>,
+    lease: &Lease,
+) -> Option<(&'static str, String)> {
+    let claim_name = lease.claim_name.clone().unwrap_or_default();
+    let sb_name = lease.sandbox_name.clone().unwrap_or_default();
+    let pod_name = lease.worker_pod_name.clone().unwrap_or_default();
+    let Some(claim) = claim else {
+        return Some((
+            "ClaimLost",
+            format!("SandboxClaim {claim_name} no longer exists"),
+        ));
+    };
+    if claim.uid() != lease.claim_uid || claim.meta().deletion_timestamp.is_some() {
+        return Some((
+            "ClaimLost",
+            format!("SandboxClaim {claim_name} was deleted or recreated"),
+        ));
+    }
+    let Some(sb) = sandbox else {
+        return Some(("SandboxLost", format!("Sandbox {sb_name} no longer exists")));
+    };
+    if sb.uid() != lease.sandbox_uid {
+        return Some((
+            "SandboxLost",
+            format!("Sandbox {sb_name} was recreated with another UID"),
+        ));
+    }
+    let Some(pod) = pod else {
+        return Some((
+            "WorkerPodLost",
+            format!("worker pod {pod_name} was deleted"),
+        ));
+    };
+    if pod.metadata.uid != lease.worker_pod_uid {
+        return Some((
+            "WorkerPodLost",
+            format!(
+                "worker pod {pod_name} was deleted and recreated: a new process is a new worker"
+            ),
+        ));
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some((
+            "WorkerPodLost",
+            format!("worker pod {pod_name} is being deleted"),
+        ));
+    }
+    if !sb
+        .status
+        .as_ref()
+        .is_some_and(|s| sandbox::is_ready(&s.conditions))
+    {
+        return Some((
+            "SandboxFailed",
+            format!("Sandbox {sb_name} is no longer Ready"),
+        ));
+    }
+    None
 }
 
 fn resume_requested_at(binding: &HarnessBinding) -> Option<Time> {
@@ -1500,14 +1630,6 @@ async fn cleanup(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Erro
     }
     if remaining > 0 {
         return Ok(Action::requeue(Duration::from_millis(500)));
-    }
-    if let Some(sb) = step
-        .status
-        .lease
-        .as_ref()
-        .and_then(|l| l.sandbox_name.clone())
-    {
-        ctx.unindex_sandbox(&ns, &sb);
     }
     ctx.forget(&binding.uid().unwrap_or_default());
     ctx.forget_binding(id.as_str());

@@ -9,7 +9,8 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, atomic::AtomicU64},
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex, RwLock, atomic::AtomicU64},
     time::{Duration, Instant},
 };
 
@@ -24,10 +25,11 @@ use kube::{
         Controller, WatchStreamExt,
         controller::{self, Action},
         events::{Event, Recorder, Reporter},
-        reflector::ObjectRef,
+        reflector::{self, ObjectRef, Store as Cache},
         watcher,
     },
 };
+use tokio::sync::mpsc;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -40,7 +42,10 @@ use prometheus_client::{
 };
 
 use crate::{
-    api::{HarnessBinding, MemoryPolicy, SandboxProfile, sandbox::SandboxClaim},
+    api::{
+        HarnessBinding, MemoryPolicy, SandboxProfile,
+        sandbox::{Sandbox, SandboxClaim},
+    },
     domain::ids::Keyring,
     store::Store,
 };
@@ -90,6 +95,8 @@ pub struct OperatorMetrics {
     pub leader: Gauge,
     /// Requests this process sent to the Kubernetes API.
     pub api_requests: Counter<u64, AtomicU64>,
+    /// Events not published because the publish queue was full (events are best effort).
+    pub events_dropped: Counter,
 }
 
 impl Default for OperatorMetrics {
@@ -104,6 +111,7 @@ impl Default for OperatorMetrics {
             bind_overhead: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
             api_requests: Counter::default(),
+            events_dropped: Counter::default(),
         }
     }
 }
@@ -143,6 +151,11 @@ impl OperatorMetrics {
             self.api_requests.clone(),
         );
         r.register(
+            "events_dropped",
+            "Events not published because the publish queue was full",
+            self.events_dropped.clone(),
+        );
+        r.register(
             "leader",
             "1 while this replica holds the leader lease",
             self.leader.clone(),
@@ -161,6 +174,94 @@ impl OperatorMetrics {
     }
 }
 
+/// Reflector caches of what the binding controller reads: the same watches that
+/// trigger its reconciles keep them current, so the happy path costs no GETs. A cached
+/// object may lag the API server by a watch delay; the controller therefore only
+/// *waits* on what the caches say, and confirms with a live read before it replaces a
+/// worker on their word (see `binding::check_ready`).
+#[derive(Clone)]
+pub struct Caches {
+    pub claims: Cache<SandboxClaim>,
+    pub sandboxes: Cache<Sandbox>,
+    pub pods: Cache<Pod>,
+    pub profiles: Cache<SandboxProfile>,
+}
+
+impl Caches {
+    /// Waits until every cache has its initial list (right after a start or a leader
+    /// change), so that an absent object means absent, not "not listed yet".
+    pub async fn ready(&self) -> Result<(), Error> {
+        let all = async {
+            self.claims.wait_until_ready().await?;
+            self.sandboxes.wait_until_ready().await?;
+            self.pods.wait_until_ready().await?;
+            self.profiles.wait_until_ready().await
+        };
+        match tokio::time::timeout(Duration::from_secs(60), all).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Error::Invalid("a watch cache was dropped".into())),
+            Err(_) => Err(Error::Invalid(
+                "the watch caches did not finish their initial list within 60s".into(),
+            )),
+        }
+    }
+
+    pub fn get<K>(cache: &Cache<K>, ns: &str, name: &str) -> Option<Arc<K>>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        cache.get(&ObjectRef::new(name).within(ns))
+    }
+}
+
+/// The binding whose lease holds `claim`: its controller owner of kind HarnessBinding.
+fn binding_of_claim(claim: &SandboxClaim) -> Option<ObjectRef<HarnessBinding>> {
+    let ns = claim.namespace()?;
+    claim
+        .owner_references()
+        .iter()
+        .find(|r| r.kind == "HarnessBinding" && r.controller == Some(true))
+        .map(|r| ObjectRef::new(&r.name).within(&ns))
+}
+
+/// Sandbox -> its controlling claim (from the cache) -> that claim's binding.
+fn binding_of_sandbox(
+    claims: &Cache<SandboxClaim>,
+    sandbox: &Sandbox,
+) -> Option<ObjectRef<HarnessBinding>> {
+    let ns = sandbox.namespace()?;
+    let owner = sandbox
+        .owner_references()
+        .iter()
+        .find(|r| r.kind == "SandboxClaim" && r.controller == Some(true))?;
+    let claim = Caches::get(claims, &ns, &owner.name)?;
+    (claim.uid().as_deref() == Some(owner.uid.as_str()))
+        .then(|| binding_of_claim(&claim))
+        .flatten()
+}
+
+/// Pod -> its controlling Sandbox (from the cache) -> claim -> binding.
+fn binding_of_pod(
+    sandboxes: &Cache<Sandbox>,
+    claims: &Cache<SandboxClaim>,
+    pod: &Pod,
+) -> Option<ObjectRef<HarnessBinding>> {
+    let ns = pod.namespace()?;
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|r| r.kind == "Sandbox" && r.controller == Some(true))?;
+    let sandbox = Caches::get(sandboxes, &ns, &owner.name)?;
+    binding_of_sandbox(claims, &sandbox)
+}
+
+/// Events are published off the reconcile path, by a few workers; all events of one
+/// object go to the same worker, so `kubectl describe` shows them in order.
+const EVENT_WORKERS: usize = 4;
+const EVENT_QUEUE: usize = 4096;
+
+type EventJob = (ObjectReference, Event);
+
 /// What every reconcile reads.
 pub struct Context {
     pub client: Client,
@@ -168,8 +269,10 @@ pub struct Context {
     pub keyring: Keyring,
     pub metrics: OperatorMetrics,
     recorder: Recorder,
-    /// (namespace, sandbox name) -> the binding whose lease holds it, for pod events.
-    sandboxes: Mutex<HashMap<(String, String), ObjectRef<HarnessBinding>>>,
+    /// Set while the controllers run (they own the watches that fill it).
+    caches: RwLock<Option<Caches>>,
+    events: Vec<mpsc::Sender<EventJob>>,
+    event_workers: Mutex<Option<Vec<mpsc::Receiver<EventJob>>>>,
     /// Binding UID -> when its state was last projected.
     projections: Mutex<HashMap<String, Instant>>,
     /// Store binding ids this process has ensured, with the fence it last raised: both
@@ -197,13 +300,18 @@ impl Context {
                 instance: Some(identity.to_owned()),
             },
         );
+        let (events, receivers): (Vec<_>, Vec<_>) = (0..EVENT_WORKERS)
+            .map(|_| mpsc::channel(EVENT_QUEUE / EVENT_WORKERS))
+            .unzip();
         Context {
             client,
             store,
             keyring,
             metrics,
             recorder,
-            sandboxes: Mutex::default(),
+            caches: RwLock::default(),
+            events,
+            event_workers: Mutex::new(Some(receivers)),
             projections: Mutex::default(),
             fences: Mutex::default(),
             projection_interval,
@@ -211,8 +319,63 @@ impl Context {
         }
     }
 
-    /// Publishes an event; a failure is logged, never fatal (events are best effort).
+    /// The watch caches, while the controllers run.
+    pub fn caches(&self) -> Option<Caches> {
+        self.caches.read().ok().and_then(|c| c.clone())
+    }
+
+    fn set_caches(&self, caches: Option<Caches>) {
+        if let Ok(mut c) = self.caches.write() {
+            *c = caches;
+        }
+    }
+
+    /// Starts the event publishers (once per process; they outlive leadership changes).
+    fn start_event_workers(self: &Arc<Self>) {
+        let Some(receivers) = self.event_workers.lock().ok().and_then(|mut r| r.take()) else {
+            return;
+        };
+        for mut rx in receivers {
+            let ctx = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some((reference, event)) = rx.recv().await {
+                    let Some(ctx) = ctx.upgrade() else { return };
+                    ctx.publish_now(&reference, event).await;
+                }
+            });
+        }
+    }
+
+    /// Queues an event for publishing; never blocks a reconcile. A full queue drops
+    /// the event (counted): events are best effort, status is the record.
+    pub fn publish_later(&self, reference: &ObjectReference, event: Event) {
+        let mut h = DefaultHasher::new();
+        reference.uid.hash(&mut h);
+        reference.name.hash(&mut h);
+        let worker = usize::try_from(h.finish() % EVENT_WORKERS as u64).unwrap_or(0);
+        if self.events[worker]
+            .try_send((reference.clone(), event))
+            .is_err()
+        {
+            self.metrics.events_dropped.inc();
+        }
+    }
+
+    /// Publishes an event now; a failure is logged, never fatal (events are best effort).
     pub async fn publish(&self, reference: &ObjectReference, event: Event) {
+        if self
+            .event_workers
+            .lock()
+            .is_ok_and(|w| w.is_none())
+        {
+            self.publish_later(reference, event);
+        } else {
+            // No workers yet (a caller outside the controllers): publish inline.
+            self.publish_now(reference, event).await;
+        }
+    }
+
+    async fn publish_now(&self, reference: &ObjectReference, event: Event) {
         if let Err(e) = self.recorder.publish(&event, reference).await {
             eprintln!(
                 "harness-engine operator: event {} on {}: {e}",
@@ -220,29 +383,6 @@ impl Context {
                 reference.name.clone().unwrap_or_default()
             );
         }
-    }
-
-    fn index_sandbox(&self, ns: &str, sandbox: &str, binding: &HarnessBinding) {
-        if let Ok(mut map) = self.sandboxes.lock() {
-            map.insert(
-                (ns.to_owned(), sandbox.to_owned()),
-                ObjectRef::from_obj(binding),
-            );
-        }
-    }
-
-    fn unindex_sandbox(&self, ns: &str, sandbox: &str) {
-        if let Ok(mut map) = self.sandboxes.lock() {
-            map.remove(&(ns.to_owned(), sandbox.to_owned()));
-        }
-    }
-
-    fn binding_of_sandbox(&self, ns: &str, sandbox: &str) -> Option<ObjectRef<HarnessBinding>> {
-        self.sandboxes
-            .lock()
-            .ok()?
-            .get(&(ns.to_owned(), sandbox.to_owned()))
-            .cloned()
     }
 
     /// Whether the state projection of `uid` is due (and marks it done).
@@ -484,60 +624,88 @@ where
     let ns = config.namespace.as_deref();
     let cc = controller::Config::default().concurrency(config.concurrency);
 
+    ctx.start_event_workers();
+
     // Our own status writes must not re-trigger reconciles (each would cost reads and
     // nothing else): a binding is reconciled when what a user or the API server changes
     // moves (generation, labels, annotations, finalizers, deletion), when its children
     // move, or when it asked to be requeued.
-    let (reader, writer) = kube::runtime::reflector::store();
+    let (reader, writer) = reflector::store();
     let trigger = watcher(
         api::<HarnessBinding>(&client, ns),
         watcher::Config::default(),
     )
     .default_backoff()
+    .modify(strip_managed_fields)
     .reflect(writer)
     .applied_objects()
     .predicate_filter(
         binding_trigger,
         kube::runtime::utils::PredicateConfig::default(),
     );
+
+    // One watch per kind the binding controller reads: it fills the cache and
+    // triggers the bindings it concerns. Sandboxes and pods carry no label of ours, so
+    // they map to their binding through the ownership chain in the caches
+    // (pod -> Sandbox -> SandboxClaim -> HarnessBinding); whichever of the three moves
+    // last finds the chain complete.
+    let (claims, claims_w) = reflector::store::<SandboxClaim>();
+    let claim_events = watcher(
+        api::<SandboxClaim>(&client, ns),
+        watcher::Config::default().labels(binding::BINDING_UID_LABEL),
+    )
+    .default_backoff()
+    .modify(strip_managed_fields)
+    .reflect(claims_w)
+    .touched_objects();
+    let (sandboxes, sandboxes_w) = reflector::store::<Sandbox>();
+    let sandbox_events = watcher(api::<Sandbox>(&client, ns), watcher::Config::default())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(sandboxes_w)
+        .touched_objects();
+    let (pods, pods_w) = reflector::store::<Pod>();
+    let pod_events = watcher(api::<Pod>(&client, ns), watcher::Config::default())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(pods_w)
+        .touched_objects();
+    let (profiles_c, profiles_w) = reflector::store::<SandboxProfile>();
+    let profile_events = watcher(
+        api::<SandboxProfile>(&client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(strip_managed_fields)
+    .reflect(profiles_w)
+    .touched_objects();
+    ctx.set_caches(Some(Caches {
+        claims: claims.clone(),
+        sandboxes: sandboxes.clone(),
+        pods,
+        profiles: profiles_c,
+    }));
+
     let bindings = Controller::for_stream(trigger, reader).with_config(cc.clone());
-    let store = bindings.store();
-    let by_profile = store.clone();
-    let pod_ctx = ctx.clone();
+    let by_profile = bindings.store();
+    let claims_for_sandboxes = claims.clone();
     let bindings = bindings
-        .owns(
-            api::<SandboxClaim>(&client, ns),
-            watcher::Config::default().labels(binding::BINDING_UID_LABEL),
-        )
-        .watches(
-            api::<SandboxProfile>(&client, ns),
-            watcher::Config::default(),
-            move |profile: SandboxProfile| {
-                let pns = profile.namespace();
-                let name = profile.name_any();
-                by_profile
-                    .state()
-                    .into_iter()
-                    .filter(move |b| {
-                        b.namespace() == pns && b.spec.sandbox_profile_ref.name == name
-                    })
-                    .map(|b| ObjectRef::from_obj(&*b))
-            },
-        )
-        .watches(
-            api::<Pod>(&client, ns),
-            watcher::Config::default(),
-            move |pod: Pod| {
-                let ns = pod.namespace().unwrap_or_default();
-                pod.metadata
-                    .owner_references
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|r| r.kind == "Sandbox" && r.controller == Some(true))
-                    .filter_map(|r| pod_ctx.binding_of_sandbox(&ns, &r.name))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .owns_stream(claim_events)
+        .watches_stream(sandbox_events, move |sb: Sandbox| {
+            binding_of_sandbox(&claims_for_sandboxes, &sb)
+        })
+        .watches_stream(pod_events, move |pod: Pod| {
+            binding_of_pod(&sandboxes, &claims, &pod)
+        })
+        .watches_stream(profile_events, move |profile: SandboxProfile| {
+            let pns = profile.namespace();
+            let name = profile.name_any();
+            by_profile
+                .state()
+                .into_iter()
+                .filter(move |b| b.namespace() == pns && b.spec.sandbox_profile_ref.name == name)
+                .map(|b| ObjectRef::from_obj(&*b))
+        })
         .graceful_shutdown_on(shutdown())
         .run(binding::reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
@@ -558,6 +726,12 @@ where
         .for_each(|_| futures::future::ready(()));
 
     tokio::join!(bindings, profiles, policies);
+    ctx.set_caches(None);
+}
+
+/// Caches keep what the controllers read; the field-manager bookkeeping is not that.
+fn strip_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }
 
 /// A Kubernetes client that counts the requests it sends (for metrics and the
