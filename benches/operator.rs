@@ -195,20 +195,23 @@ async fn run(n: usize, full: bool) {
     claim_watch.abort();
     binding_watch.abort();
 
-    let (mut overhead, missing) = {
+    // (overhead ms, claim Ready at, seconds since the first create) per binding.
+    let (pairs, missing) = {
         let seen = seen.lock().unwrap();
         let mut out = Vec::new();
         let mut missing = 0;
         for (uid, at) in seen.binding_ready.values() {
             match seen.claim_ready.get(uid) {
-                Some(claim_at) => {
-                    out.push(at.saturating_duration_since(*claim_at).as_secs_f64() * 1000.0)
-                }
+                Some(claim_at) => out.push((
+                    at.saturating_duration_since(*claim_at).as_secs_f64() * 1000.0,
+                    claim_at.saturating_duration_since(started).as_secs_f64(),
+                )),
                 None => missing += 1,
             }
         }
         (out, missing)
     };
+    let mut overhead: Vec<f64> = pairs.iter().map(|(o, _)| *o).collect();
     overhead.sort_by(f64::total_cmp);
     let p50 = percentile(&overhead, 0.50);
     let p99 = percentile(&overhead, 0.99);
@@ -243,6 +246,66 @@ async fn run(n: usize, full: bool) {
     println!("{:<44} {:>12.1}", "operator RSS (MiB)", rss);
     if missing > 0 {
         println!("({missing} bindings had no claim Ready event observed: excluded)");
+    }
+    // Where the tail comes from: how the overheads spread, and when (since the first
+    // create) the claims of the slow ones became Ready.
+    let bucket = |lo: f64, hi: f64| overhead.iter().filter(|o| **o >= lo && **o < hi).count();
+    println!(
+        "overhead spread: <50 ms {}, 50-250 ms {}, 250 ms-1 s {}, 1-5 s {}, >=5 s {}",
+        bucket(0.0, 50.0),
+        bucket(50.0, 250.0),
+        bucket(250.0, 1000.0),
+        bucket(1000.0, 5000.0),
+        bucket(5000.0, f64::INFINITY)
+    );
+    let mut slow_at: Vec<f64> = pairs
+        .iter()
+        .filter(|(o, _)| *o >= 1000.0)
+        .map(|(_, at)| *at)
+        .collect();
+    slow_at.sort_by(f64::total_cmp);
+    if !slow_at.is_empty() {
+        println!(
+            "claims of the >=1 s ones were Ready at {:.1}..{:.1} s (median {:.1} s) after the first create",
+            slow_at[0],
+            slow_at[slow_at.len() - 1],
+            percentile(&slow_at, 0.5)
+        );
+    }
+    let metrics = http
+        .get(format!("{}/metrics", op.admin))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("harness_engine_operator_binding_waits_total")
+            || l.starts_with("harness_engine_operator_status_conflicts_total")
+            || l.starts_with("harness_engine_operator_events_dropped_total")
+            || (l.starts_with("harness_engine_operator_reconciles_total") && l.contains("harnessbinding"))
+    }) {
+        println!("  {}", line.trim_start_matches("harness_engine_operator_"));
+    }
+    for (name, what) in [
+        ("bind_overhead_seconds", "operator-side overhead (claim seen Ready -> Ready written)"),
+        ("status_write_seconds", "status write latency"),
+    ] {
+        let (p50, p99) = (
+            histogram_quantile(&metrics, name, 0.5),
+            histogram_quantile(&metrics, name, 0.99),
+        );
+        println!("{what}: p50 <= {:.0} ms, p99 <= {:.0} ms (bucket bounds)", p50 * 1000.0, p99 * 1000.0);
+    }
+    let log = op.log_text();
+    let failures: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("reconcile failed"))
+        .collect();
+    println!("reconcile failures in the operator log: {}", failures.len());
+    for line in failures.iter().take(3) {
+        println!("  {}", line.chars().take(200).collect::<String>());
     }
     if full {
         println!(
@@ -318,6 +381,27 @@ async fn kube_requests(http: &reqwest::Client, op: &Operator) -> u64 {
         .and_then(|v| v.parse::<f64>().ok())
         .map(|v| v as u64)
         .expect("the operator exports its Kubernetes request counter")
+}
+
+/// The upper bound of the histogram bucket holding quantile `q` of the operator's
+/// `harness_engine_operator_<name>` (Prometheus text format).
+fn histogram_quantile(metrics: &str, name: &str, q: f64) -> f64 {
+    let prefix = format!("harness_engine_operator_{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"}")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total && total > 0.0)
+        .map(|(le, _)| *le)
+        .unwrap_or(0.0)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

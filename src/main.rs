@@ -146,8 +146,9 @@ struct OperatorArgs {
     /// Leader lease duration in seconds (renewed every third of it).
     #[arg(long, default_value_t = 15)]
     leader_lease_seconds: u64,
-    /// Reconciles running at once per controller.
-    #[arg(long, default_value_t = 16)]
+    /// Reconciles running at once per controller. A reconcile mostly waits on one API
+    /// write (reads come from watch caches), so this bounds writes in flight.
+    #[arg(long, default_value_t = 64)]
     concurrency: u16,
     /// Address of the admission webhook (HTTPS). Unset: no webhook in this process.
     #[arg(long)]

@@ -161,6 +161,19 @@ impl Fixture {
         assert!(ok, "kubectl describe: {err}");
         out
     }
+
+    /// `kubectl describe` once it mentions every needle (events are published off the
+    /// reconcile path, so the last one may trail the status by a moment), or after 15 s.
+    async fn describe_with(&self, needles: &[&str]) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = self.describe();
+            if needles.iter().all(|n| text.contains(n)) || std::time::Instant::now() > deadline {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 /// One data-plane call with a worker's token and fence.
@@ -333,8 +346,7 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
     );
 
     // `kubectl describe` tells the whole story.
-    let text = fx.describe();
-    for needle in [
+    let needles = [
         "LeaseStarted",
         "WorkerPodLost",
         "Replacing",
@@ -346,7 +358,9 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
         "Replaced",
         "worker verified and bound at lease generation 2",
         "durable head at revision 1",
-    ] {
+    ];
+    let text = fx.describe_with(&needles).await;
+    for needle in needles {
         assert!(text.contains(needle), "describe lacks {needle:?}:\n{text}");
     }
 
@@ -383,7 +397,11 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
     .await;
     assert_eq!(code, 200, "{body}");
     assert!(body["head"].is_null(), "the new epoch starts empty: {body}");
-    assert!(fx.describe().contains("ConversationCleared"));
+    assert!(
+        fx.describe_with(&["ConversationCleared"])
+            .await
+            .contains("ConversationCleared")
+    );
 
     // Idle TTL hibernates (Sandbox suspended); a bind request resumes.
     let profiles: Api<SandboxProfile> = Api::namespaced(fx.client.clone(), fx.ns());
@@ -433,7 +451,7 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
     assert_eq!(lease4.sandbox_name.as_deref(), Some(sb_name.as_str()));
     let sb = fx.sandboxes().get(&sb_name).await.expect("sandbox");
     assert_eq!(sb.spec.operating_mode.as_deref(), Some("Running"));
-    let text = fx.describe();
+    let text = fx.describe_with(&["Hibernated", "Resuming"]).await;
     assert!(
         text.contains("Hibernated") && text.contains("Resuming"),
         "{text}"

@@ -828,18 +828,41 @@ async fn progress_claim(
         .status
         .as_ref()
         .is_some_and(|s| sandbox::is_ready(&s.conditions));
+    // The Sandbox this generation's claim controls: named in the claim's status, or
+    // found by ownership in the cache. The lease does not wait for the claim's own Ready
+    // condition when that Sandbox is already Ready: the claim reports the same fact one
+    // Agent Sandbox round trip later, and everything the lease relies on (the Sandbox
+    // controlled by this claim, Ready, and its pod verified below) is checked here.
     let sandbox_name = claim
         .status
         .as_ref()
         .and_then(|s| s.sandbox.as_ref())
         .map(|s| s.name.clone())
-        .filter(|n| !n.is_empty());
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            let uid = claim.uid()?;
+            caches.as_ref()?.sandboxes.state().into_iter().find_map(|sb| {
+                controlled_by_uid(sb.meta().owner_references.as_deref(), Some(&uid))
+                    .then(|| sb.name_any())
+            })
+        });
+    let sandbox_ready = sandbox_name.as_deref().is_some_and(|sb| {
+        caches
+            .as_ref()
+            .and_then(|c| super::Caches::get(&c.sandboxes, &ns, sb))
+            .is_some_and(|o| {
+                controlled_by_uid(o.meta().owner_references.as_deref(), claim.uid().as_deref())
+                    && o.status
+                        .as_ref()
+                        .is_some_and(|s| sandbox::is_ready(&s.conditions))
+            })
+    });
     let verdict = if claim.meta().deletion_timestamp.is_some() {
         Err((
             "ClaimDeleting",
             format!("SandboxClaim {name} is being deleted"),
         ))
-    } else if !claim_ready || sandbox_name.is_none() {
+    } else if !(claim_ready || sandbox_ready) || sandbox_name.is_none() {
         // The claim's own reason is in its status; repeating each of its changes here
         // would cost a status write per change and tell nothing new.
         Err((
@@ -866,6 +889,7 @@ async fn progress_claim(
                 )
                 .await;
             }
+            ctx.metrics.waited(reason);
             waiting(&mut step, reason, message);
             let wait = deadline
                 .as_ref()
@@ -950,11 +974,7 @@ async fn progress_claim(
                 )
                 .await;
             }
-            waiting(&mut step, "SandboxNotReady", message);
-            return Ok(match step.commit(ctx).await? {
-                Some(_) => Action::requeue(Duration::from_secs(1)),
-                None => conflict_retry(),
-            });
+            return settle_or_wait(step, ctx, &claim, claim_ready, message).await;
         }
     };
 
@@ -966,6 +986,10 @@ async fn progress_claim(
         u64::try_from(lease.generation).unwrap_or(0),
     );
     match verify_worker(&pod, &resolved.profile) {
+        // A pod that reports no image yet is still starting, not refused.
+        Err(("WorkerImageUnknown", message)) if !past_deadline => {
+            settle_or_wait(step, ctx, &claim, claim_ready, message).await
+        }
         Err((reason, message)) => {
             step.lifecycle(Lifecycle::Failed);
             step.condition(WORKER_VERIFIED, false, reason, message.clone());
@@ -1035,18 +1059,14 @@ async fn progress_claim(
                     lease.generation
                 ),
             );
-            let claim_ready_at = claim.status.as_ref().and_then(|s| {
-                s.conditions
-                    .iter()
-                    .find(|c| c.type_ == "Ready" && c.status == TRUE)
-                    .map(|c| c.last_transition_time.clone())
-            });
             project_state(&mut step, ctx, id, true).await;
             let Some(_) = step.commit(ctx).await? else {
                 return Ok(conflict_retry());
             };
-            if let Some(t) = claim_ready_at {
-                ctx.metrics.bind_overhead.observe(since(&t).as_secs_f64());
+            if let Some(t) = ctx.claim_seen_ready(&binding.uid().unwrap_or_default()) {
+                ctx.metrics
+                    .bind_overhead
+                    .observe(t.elapsed().as_secs_f64());
             }
             spans::record(&bind_span, keys::OUTCOME, "bound");
             ctx.anchors
@@ -1054,6 +1074,48 @@ async fn progress_claim(
             Ok(Action::requeue(next_check(lease, resolved, ctx)))
         }
     }
+}
+
+/// How long a Ready claim's Sandbox or pod may look unready before the binding says so
+/// in its status. Within it, the gap is almost always one watch arriving after another
+/// (the claim turns Ready only once its Sandbox is), which the next watch event ends:
+/// a status write for it would only queue ahead of other bindings' real transitions.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// The claim is Ready but its Sandbox or worker pod is not (yet) seen Ready: wait for
+/// the watch without a write while that is fresh, then say so in `SandboxReady`.
+async fn settle_or_wait(
+    mut step: Step<'_>,
+    ctx: &Context,
+    claim: &SandboxClaim,
+    claim_ready: bool,
+    message: String,
+) -> Result<Action, Error> {
+    if !claim_ready && step.events.is_empty() {
+        // Seen ahead of the claim: the claim's own progress is what to wait for, and
+        // `SandboxReady` already says so.
+        ctx.metrics.waited("ClaimNotReady");
+        return Ok(Action::requeue(SETTLE));
+    }
+    let ready_for = claim
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == TRUE)
+        })
+        .map(|c| since(&c.last_transition_time));
+    if ready_for.is_some_and(|d| d < SETTLE) && step.events.is_empty() {
+        ctx.metrics.waited("SandboxSettling");
+        return Ok(Action::requeue(SETTLE));
+    }
+    ctx.metrics.waited("SandboxNotReady");
+    step.condition(SANDBOX_READY, false, "SandboxNotReady", message);
+    Ok(match step.commit(ctx).await? {
+        Some(_) => Action::requeue(Duration::from_secs(1)),
+        None => conflict_retry(),
+    })
 }
 
 /// The worker's image digests and protocol version, or why they are refused.

@@ -75,6 +75,11 @@ pub enum Error {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {
     kind: String,
     result: String,
@@ -89,14 +94,19 @@ pub struct OperatorMetrics {
     pub replacements: Counter,
     /// Status compare-and-set conflicts (someone else moved first).
     pub status_conflicts: Counter,
-    /// Our own overhead: binding Ready minus its claim Ready, seconds.
+    /// Our own overhead: the binding's Ready status written minus its claim first seen
+    /// Ready by this process's watch, seconds.
     pub bind_overhead: Histogram,
+    /// Latency of status compare-and-set writes, seconds.
+    pub status_write_seconds: Histogram,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
     /// Requests this process sent to the Kubernetes API.
     pub api_requests: Counter<u64, AtomicU64>,
     /// Events not published because the publish queue was full (events are best effort).
     pub events_dropped: Counter,
+    /// Binding reconciles that ended waiting for Agent Sandbox, by what they waited for.
+    pub binding_waits: Family<WaitLabels, Counter>,
 }
 
 impl Default for OperatorMetrics {
@@ -109,9 +119,11 @@ impl Default for OperatorMetrics {
             replacements: Counter::default(),
             status_conflicts: Counter::default(),
             bind_overhead: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            status_write_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             leader: Gauge::default(),
             api_requests: Counter::default(),
             events_dropped: Counter::default(),
+            binding_waits: Family::default(),
         }
     }
 }
@@ -142,13 +154,23 @@ impl OperatorMetrics {
         );
         r.register(
             "bind_overhead_seconds",
-            "Binding Ready minus its SandboxClaim Ready",
+            "Binding Ready written minus its SandboxClaim first seen Ready by the claim watch",
             self.bind_overhead.clone(),
+        );
+        r.register(
+            "status_write_seconds",
+            "Latency of status compare-and-set writes",
+            self.status_write_seconds.clone(),
         );
         r.register(
             "kubernetes_requests",
             "Requests this process sent to the Kubernetes API",
             self.api_requests.clone(),
+        );
+        r.register(
+            "binding_waits",
+            "Binding reconciles that ended waiting for Agent Sandbox, by reason",
+            self.binding_waits.clone(),
         );
         r.register(
             "events_dropped",
@@ -160,6 +182,15 @@ impl OperatorMetrics {
             "1 while this replica holds the leader lease",
             self.leader.clone(),
         );
+    }
+
+    /// Counts a binding reconcile that ended waiting for `reason`.
+    pub fn waited(&self, reason: &str) {
+        self.binding_waits
+            .get_or_create(&WaitLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub fn observe_reconcile<T>(&self, kind: &str, result: &Result<T, Error>, took: Duration) {
@@ -273,6 +304,8 @@ pub struct Context {
     caches: RwLock<Option<Caches>>,
     events: Vec<mpsc::Sender<EventJob>>,
     event_workers: Mutex<Option<Vec<mpsc::Receiver<EventJob>>>>,
+    /// Binding UID -> when the claim watch first showed its current claim Ready.
+    claims_ready: Mutex<HashMap<String, Instant>>,
     /// Binding UID -> when its state was last projected.
     projections: Mutex<HashMap<String, Instant>>,
     /// Store binding ids this process has ensured, with the fence it last raised: both
@@ -312,11 +345,35 @@ impl Context {
             caches: RwLock::default(),
             events,
             event_workers: Mutex::new(Some(receivers)),
+            claims_ready: Mutex::default(),
             projections: Mutex::default(),
             fences: Mutex::default(),
             projection_interval,
             anchors: crate::telemetry::spans::ReconcileAnchors::new(4096, Duration::from_secs(600)),
         }
+    }
+
+    /// Notes when a claim is first seen Ready (for the bind-overhead metric).
+    fn note_claim(&self, claim: &SandboxClaim) {
+        let ready = claim
+            .status
+            .as_ref()
+            .is_some_and(|s| crate::api::sandbox::is_ready(&s.conditions));
+        let Some(uid) = claim.labels().get(binding::BINDING_UID_LABEL) else {
+            return;
+        };
+        if let Ok(mut m) = self.claims_ready.lock() {
+            if ready {
+                m.entry(uid.clone()).or_insert_with(Instant::now);
+            } else {
+                m.remove(uid);
+            }
+        }
+    }
+
+    /// When the claim of binding `uid` was first seen Ready, forgetting it.
+    pub(crate) fn claim_seen_ready(&self, uid: &str) -> Option<Instant> {
+        self.claims_ready.lock().ok()?.remove(uid)
     }
 
     /// The watch caches, while the controllers run.
@@ -553,10 +610,14 @@ where
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
-    match api
+    let started = Instant::now();
+    let written = api
         .replace_status(&object.name_any(), &params, &object)
-        .await
-    {
+        .await;
+    ctx.metrics
+        .status_write_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match written {
         Ok(written) => Ok(Some(written)),
         Err(kube::Error::Api(s)) if s.code == 409 => {
             ctx.metrics.status_conflicts.inc();
@@ -657,7 +718,16 @@ where
     .default_backoff()
     .modify(strip_managed_fields)
     .reflect(claims_w)
-    .touched_objects();
+    .touched_objects()
+    .map({
+        let ctx = ctx.clone();
+        move |claim| {
+            if let Ok(c) = &claim {
+                ctx.note_claim(c);
+            }
+            claim
+        }
+    });
     let (sandboxes, sandboxes_w) = reflector::store::<Sandbox>();
     let sandbox_events = watcher(api::<Sandbox>(&client, ns), watcher::Config::default())
         .default_backoff()
