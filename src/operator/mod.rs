@@ -304,6 +304,10 @@ pub struct Context {
     caches: RwLock<Option<Caches>>,
     events: Vec<mpsc::Sender<EventJob>>,
     event_workers: Mutex<Option<Vec<mpsc::Receiver<EventJob>>>>,
+    /// Permits for reconciles of bindings that hold no lease yet (set when the
+    /// controllers start): a burst of new bindings may take only part of the
+    /// controller's slots, so a claim turning Ready is never queued behind all of them.
+    claiming: std::sync::OnceLock<tokio::sync::Semaphore>,
     /// Binding UID -> when the claim watch first showed its current claim Ready.
     claims_ready: Mutex<HashMap<String, Instant>>,
     /// Binding UID -> when its state was last projected.
@@ -345,6 +349,7 @@ impl Context {
             caches: RwLock::default(),
             events,
             event_workers: Mutex::new(Some(receivers)),
+            claiming: std::sync::OnceLock::new(),
             claims_ready: Mutex::default(),
             projections: Mutex::default(),
             fences: Mutex::default(),
@@ -374,6 +379,19 @@ impl Context {
     /// When the claim of binding `uid` was first seen Ready, forgetting it.
     pub(crate) fn claim_seen_ready(&self, uid: &str) -> Option<Instant> {
         self.claims_ready.lock().ok()?.remove(uid)
+    }
+
+    /// A permit to start a new binding's first lease, if one is free now.
+    pub(crate) fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match self.claiming.get() {
+            Some(s) => s.try_acquire().ok(),
+            // Outside the controllers (tests): no limit.
+            None => None,
+        }
+    }
+
+    pub(crate) fn claims_limited(&self) -> bool {
+        self.claiming.get().is_some()
     }
 
     /// The watch caches, while the controllers run.
@@ -492,6 +510,9 @@ impl Context {
 
     fn forget(&self, uid: &str) {
         if let Ok(mut map) = self.projections.lock() {
+            map.remove(uid);
+        }
+        if let Ok(mut map) = self.claims_ready.lock() {
             map.remove(uid);
         }
     }
@@ -686,6 +707,9 @@ where
     let cc = controller::Config::default().concurrency(config.concurrency);
 
     ctx.start_event_workers();
+    // Half the slots at most for bindings starting their first lease (see `claiming`).
+    ctx.claiming
+        .get_or_init(|| tokio::sync::Semaphore::new(usize::from(config.concurrency / 2).max(1)));
 
     // Our own status writes must not re-trigger reconciles (each would cost reads and
     // nothing else): a binding is reconciled when what a user or the API server changes
