@@ -681,7 +681,9 @@ async fn new_generation(
     if !first {
         ctx.metrics.replacements.inc();
     }
-    let binding = step.binding;
+    // The events go out with the claim step that follows in this reconcile, so the
+    // claim it creates is told in the same event (one Event write, not two).
+    let carried = std::mem::take(&mut step.events);
     let Some(written) = step.commit(ctx).await? else {
         return Ok(conflict_retry());
     };
@@ -690,15 +692,9 @@ async fn new_generation(
         .as_ref()
         .and_then(|s| s.lease.clone())
         .unwrap_or_default();
-    let _ = binding;
-    Box::pin(progress_claim(
-        Step::new(&written),
-        ctx,
-        id,
-        resolved,
-        &lease,
-    ))
-    .await
+    let mut next = Step::new(&written);
+    next.events = carried;
+    Box::pin(progress_claim(next, ctx, id, resolved, &lease)).await
 }
 
 /// Steps 2–5: fence, release older claims, claim, verify, mark ready.
@@ -809,14 +805,24 @@ async fn progress_claim(
                 Err(kube::Error::Api(s)) if s.code == 409 => claims.get(&name).await?,
                 Err(e) => return Err(e.into()),
             };
-            step.event(
-                EventType::Normal,
-                "Claimed",
-                format!(
-                    "created SandboxClaim {name} on warm pool {} for lease generation {}",
-                    resolved.profile.spec.warm_pool_ref.name, lease.generation
+            let pool = &resolved.profile.spec.warm_pool_ref.name;
+            match step
+                .events
+                .iter_mut()
+                .find(|(_, reason, _)| matches!(*reason, "LeaseStarted" | "Replacing"))
+            {
+                Some((_, _, note)) => {
+                    note.push_str(&format!("; created SandboxClaim {name} on warm pool {pool}"))
+                }
+                None => step.event(
+                    EventType::Normal,
+                    "Claimed",
+                    format!(
+                        "created SandboxClaim {name} on warm pool {pool} for lease generation {}",
+                        lease.generation
+                    ),
                 ),
-            );
+            }
             created
         }
     };
