@@ -295,19 +295,27 @@ async fn run(n: usize, full: bool) {
         l.starts_with("harness_engine_operator_binding_waits_total")
             || l.starts_with("harness_engine_operator_status_conflicts_total")
             || l.starts_with("harness_engine_operator_events_dropped_total")
-            || (l.starts_with("harness_engine_operator_reconciles_total") && l.contains("harnessbinding"))
+            || (l.starts_with("harness_engine_operator_reconciles_total")
+                && l.contains("harnessbinding"))
     }) {
         println!("  {}", line.trim_start_matches("harness_engine_operator_"));
     }
     for (name, what) in [
-        ("bind_overhead_seconds", "operator-side overhead (claim seen Ready -> Ready written)"),
+        (
+            "bind_overhead_seconds",
+            "operator-side overhead (claim seen Ready -> Ready written)",
+        ),
         ("status_write_seconds", "status write latency"),
     ] {
         let (p50, p99) = (
             histogram_quantile(&metrics, name, 0.5),
             histogram_quantile(&metrics, name, 0.99),
         );
-        println!("{what}: p50 <= {:.0} ms, p99 <= {:.0} ms (bucket bounds)", p50 * 1000.0, p99 * 1000.0);
+        println!(
+            "{what}: p50 <= {:.0} ms, p99 <= {:.0} ms (bucket bounds)",
+            p50 * 1000.0,
+            p99 * 1000.0
+        );
     }
     let log = op.log_text();
     let failures: Vec<&str> = log
@@ -404,7 +412,11 @@ fn histogram_quantile(metrics: &str, name: &str, q: f64) -> f64 {
         .filter_map(|l| l.strip_prefix(&prefix))
         .filter_map(|rest| {
             let (le, count) = rest.split_once("\"}")?;
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
             Some((le, count.trim().parse().ok()?))
         })
         .collect();

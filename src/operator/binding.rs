@@ -88,7 +88,11 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
     // it yields its slot (a short, spread requeue, no API call, no span) to bindings
     // further along.
     let starting = binding.meta().deletion_timestamp.is_none()
-        && binding.status.as_ref().and_then(|s| s.lease.as_ref()).is_none();
+        && binding
+            .status
+            .as_ref()
+            .and_then(|s| s.lease.as_ref())
+            .is_none();
     let _permit = if starting && ctx.claims_limited() {
         match ctx.claim_permit() {
             Some(p) => Some(p),
@@ -211,7 +215,11 @@ async fn prepare_metadata(
         "finalizers": all,
     }});
     match api
-        .patch(&binding.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+        .patch(
+            &binding.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
         .await
     {
         Ok(_) => Ok(true),
@@ -811,9 +819,9 @@ async fn progress_claim(
                 .iter_mut()
                 .find(|(_, reason, _)| matches!(*reason, "LeaseStarted" | "Replacing"))
             {
-                Some((_, _, note)) => {
-                    note.push_str(&format!("; created SandboxClaim {name} on warm pool {pool}"))
-                }
+                Some((_, _, note)) => note.push_str(&format!(
+                    "; created SandboxClaim {name} on warm pool {pool}"
+                )),
                 None => step.event(
                     EventType::Normal,
                     "Claimed",
@@ -874,10 +882,15 @@ async fn progress_claim(
         .filter(|n| !n.is_empty())
         .or_else(|| {
             let uid = claim.uid()?;
-            caches.as_ref()?.sandboxes.state().into_iter().find_map(|sb| {
-                controlled_by_uid(sb.meta().owner_references.as_deref(), Some(&uid))
-                    .then(|| sb.name_any())
-            })
+            caches
+                .as_ref()?
+                .sandboxes
+                .state()
+                .into_iter()
+                .find_map(|sb| {
+                    controlled_by_uid(sb.meta().owner_references.as_deref(), Some(&uid))
+                        .then(|| sb.name_any())
+                })
         });
     let sandbox_ready = sandbox_name.as_deref().is_some_and(|sb| {
         caches

@@ -29,7 +29,6 @@ use kube::{
         watcher,
     },
 };
-use tokio::sync::mpsc;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -40,6 +39,7 @@ use prometheus_client::{
     },
     registry::Registry,
 };
+use tokio::sync::mpsc;
 
 use crate::{
     api::{
@@ -438,11 +438,7 @@ impl Context {
 
     /// Publishes an event now; a failure is logged, never fatal (events are best effort).
     pub async fn publish(&self, reference: &ObjectReference, event: Event) {
-        if self
-            .event_workers
-            .lock()
-            .is_ok_and(|w| w.is_none())
-        {
+        if self.event_workers.lock().is_ok_and(|w| w.is_none()) {
             self.publish_later(reference, event);
         } else {
             // No workers yet (a caller outside the controllers): publish inline.
