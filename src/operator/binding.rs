@@ -131,9 +131,8 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
             caches.ready().await?;
         }
 
-        if prepare_metadata(&api, &binding, &ctx).await? {
-            // The watch brings the labelled, finalized binding back as a new trigger.
-            return Ok(Action::await_change());
+        if let Some(action) = prepare_metadata(&api, &binding, &ctx).await? {
+            return Ok(action);
         }
         let mut binding = binding;
         // A status write that lost its compare-and-set most often read a binding the
@@ -186,14 +185,14 @@ async fn finalize(
 
 /// A new binding needs our finalizer and the binding-id label (the worker
 /// authenticator finds the store binding through it): both in one patch, guarded by
-/// the `resourceVersion` it was read at. `true` when it patched.
+/// the `resourceVersion` it was read at. `Some(next)` when it had something to do.
 async fn prepare_metadata(
     api: &Api<HarnessBinding>,
     binding: &HarnessBinding,
     ctx: &Context,
-) -> Result<bool, Error> {
+) -> Result<Option<Action>, Error> {
     if binding.meta().deletion_timestamp.is_some() {
-        return Ok(false);
+        return Ok(None);
     }
     let spec = &binding.spec;
     let id =
@@ -203,7 +202,7 @@ async fn prepare_metadata(
     let finalizers = binding.finalizers();
     let finalized = finalizers.iter().any(|f| f == FINALIZER);
     if labelled && finalized {
-        return Ok(false);
+        return Ok(None);
     }
     let mut all: Vec<String> = finalizers.to_vec();
     if !finalized {
@@ -222,9 +221,11 @@ async fn prepare_metadata(
         )
         .await
     {
-        Ok(_) => Ok(true),
-        // Someone moved first: the watch brings the newer object.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(true),
+        // The watch brings the labelled, finalized binding back as a new trigger.
+        Ok(_) => Ok(Some(Action::await_change())),
+        // Someone moved first (perhaps only its status, which triggers nothing): look
+        // again shortly.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some(conflict_retry())),
         Err(e) => Err(e.into()),
     }
 }
@@ -387,8 +388,9 @@ async fn apply(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Error>
     // (`prepare_metadata` sets it before the first apply).
     if binding.labels().get(BINDING_ID_LABEL).map(String::as_str) != Some(id.as_str()) {
         let api: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
-        prepare_metadata(&api, binding, ctx).await?;
-        return Ok(Action::await_change());
+        return Ok(prepare_metadata(&api, binding, ctx)
+            .await?
+            .unwrap_or_else(Action::await_change));
     }
 
     let epoch = u64::try_from(spec.epoch).unwrap_or(0);
@@ -885,12 +887,11 @@ async fn progress_claim(
             caches
                 .as_ref()?
                 .sandboxes
-                .state()
-                .into_iter()
-                .find_map(|sb| {
-                    controlled_by_uid(sb.meta().owner_references.as_deref(), Some(&uid))
-                        .then(|| sb.name_any())
+                .find(|sb| {
+                    sb.namespace().as_deref() == Some(ns.as_str())
+                        && controlled_by_uid(sb.meta().owner_references.as_deref(), Some(&uid))
                 })
+                .map(|sb| sb.name_any())
         });
     let sandbox_ready = sandbox_name.as_deref().is_some_and(|sb| {
         caches
