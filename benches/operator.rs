@@ -61,6 +61,27 @@ struct Seen {
 async fn run(n: usize, full: bool) {
     let client = common::client().await;
     common::install_our_crds(&client).await;
+    // An earlier run's namespace (a thousand pods and Sandboxes) is still being deleted
+    // for a while after that run ends; measuring on top of that cleanup measures it.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let quiet_by = Instant::now() + Duration::from_secs(300);
+    loop {
+        let left = namespaces
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|n| n.name_any().starts_with("bench-op"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if left == 0 || Instant::now() > quiet_by {
+            break;
+        }
+        eprintln!("bench: waiting for {left} earlier benchmark namespace(s) to be deleted");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
     let ns = common::TestNamespace::new(&client, "bench-op").await;
     for file in [
         "worker_service_account.yaml",
