@@ -24,12 +24,14 @@ use harness_engine::{
         HarnessBinding, Lifecycle, SandboxProfile, conditions,
         sandbox::{Sandbox, SandboxClaim},
     },
+    domain::ids::Keyring,
     operator::binding::{BINDING_UID_LABEL, RESUME_ANNOTATION},
     server::auth::kubernetes::BINDING_ID_LABEL,
 };
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -693,4 +695,225 @@ async fn a_profile_whose_pool_runs_an_unlisted_image_is_not_ready_and_says_why()
     fx.ready_above(0, "Ready once the profile is fixed").await;
     op.stop();
     drop_finalizers(fx.ns());
+}
+
+/// The data plane's bind is what resumes a hibernated conversation: a service binding
+/// for its end user (RBAC on harnessbindings, impersonation of the user) asks, the
+/// operator resumes the Sandbox at a new generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_through_the_data_plane_resumes_a_hibernated_binding() {
+    let fx = Fixture::new("op-resume").await;
+    // A known identity key, so that the test can name the end user the binding is for.
+    let key = b"operator-e2e-identity-key-0123456789abcdef".to_vec();
+    let key_file = fx.dir.path().join("identity.key");
+    std::fs::write(&key_file, &key).expect("key file");
+    let keyring = Keyring::new(key, "e2e").expect("keyring");
+    let subject = "user:alice";
+    // The sample, re-created for alice (the owner of a binding never changes).
+    let sample = fx.binding().await;
+    fx.bindings()
+        .delete(BINDING, &DeleteParams::default())
+        .await
+        .expect("delete the sample");
+    eventually(Duration::from_secs(30), "sample gone", || async {
+        fx.bindings()
+            .get_opt(BINDING)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let mut spec = sample.spec.clone();
+    spec.subject_ref = keyring.subject_ref(subject).as_str().to_owned();
+    fx.bindings()
+        .create(&PostParams::default(), &HarnessBinding::new(BINDING, spec))
+        .await
+        .expect("binding for alice");
+    let mut op = Operator::start(OperatorOptions {
+        namespace: fx.ns(),
+        data_dir: &fx.dir.path().join("data"),
+        leader_lease_seconds: None,
+        extra: vec![
+            "--state-projection-seconds".into(),
+            "1".into(),
+            "--identity-key-file".into(),
+            key_file.display().to_string(),
+        ],
+    });
+    let first = fx.ready_above(0, "first lease").await;
+    let spec = first.spec.clone();
+
+    // The backend service: may use bindings in this namespace and act for alice.
+    let ns = fx.ns().to_owned();
+    let sas: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), &ns);
+    sas.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "backend"}})).expect("sa"),
+    )
+    .await
+    .expect("service account");
+    let roles: Api<Role> = Api::namespaced(fx.client.clone(), &ns);
+    roles
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "bindings"}, "rules": [{"apiGroups": ["harness-engine.dev"], "resources": ["harnessbindings"], "verbs": ["get", "create", "update"]}]})).expect("role"))
+        .await
+        .expect("role");
+    let role_bindings: Api<RoleBinding> = Api::namespaced(fx.client.clone(), &ns);
+    role_bindings
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "backend"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bindings"}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})).expect("role binding"))
+        .await
+        .expect("role binding");
+    let _impersonation =
+        Impersonation::create(&fx.client, &format!("{ns}-act-for-alice"), &ns).await;
+
+    // Idle: hibernated.
+    let profiles: Api<SandboxProfile> = Api::namespaced(fx.client.clone(), fx.ns());
+    let idle_ttl = |ttl: &str| json!({"spec": {"timeouts": {"idleTTL": ttl}}});
+    profiles
+        .patch(
+            "python-worker",
+            &PatchParams::default(),
+            &Patch::Merge(idle_ttl("2s")),
+        )
+        .await
+        .expect("short idle TTL");
+    let hibernated = eventually(Duration::from_secs(90), "hibernated", || async {
+        let b = fx.binding().await;
+        (b.status.as_ref()?.lifecycle == Some(Lifecycle::Hibernated)).then_some(b)
+    })
+    .await;
+    profiles
+        .patch(
+            "python-worker",
+            &PatchParams::default(),
+            &Patch::Merge(idle_ttl("30m")),
+        )
+        .await
+        .expect("idle TTL back");
+    let asleep = hibernated
+        .status
+        .clone()
+        .and_then(|s| s.lease)
+        .expect("lease");
+    let sb_name = asleep.sandbox_name.clone().expect("sandbox");
+    assert!(
+        fx.binding()
+            .await
+            .annotations()
+            .get(RESUME_ANNOTATION)
+            .is_none(),
+        "nothing asked for a resume yet"
+    );
+    // The resume request must be later than the hibernation (RFC 3339 seconds).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // The backend binds the conversation again, for alice: 200 (it exists), same id.
+    let api: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), &ns);
+    let token = api
+        .create_token_request(
+            "backend",
+            &PostParams::default(),
+            &TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    audiences: Some(vec!["harness-engine".into()]),
+                    expiration_seconds: Some(600),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("token request")
+        .status
+        .and_then(|s| s.token)
+        .expect("token");
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/bindings", op.api))
+        .bearer_auth(&token)
+        .header("Harness-Subject", subject)
+        .header("Idempotency-Key", "resume-by-bind-1")
+        .json(&json!({
+            "agent_id": spec.agent_id,
+            "conversation_id": spec.conversation_id,
+            "harness": spec.harness.id.as_str(),
+        }))
+        .send()
+        .await
+        .expect("bind");
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 200, "the conversation exists: {body}");
+    assert_eq!(
+        body["binding_id"].as_str(),
+        Some(
+            keyring
+                .binding_id(subject, &spec.agent_id, &spec.conversation_id)
+                .as_str()
+        ),
+        "{body}"
+    );
+
+    // The bind asked for a resume; the operator resumed the same Sandbox at a new
+    // generation, and a new worker is bound.
+    let resumed = fx
+        .ready_above(asleep.generation, "resumed after the bind")
+        .await;
+    assert!(
+        resumed.annotations().get(RESUME_ANNOTATION).is_some(),
+        "the bind set the resume request"
+    );
+    let lease = resumed.status.clone().and_then(|s| s.lease).expect("lease");
+    assert_eq!(lease.sandbox_name.as_deref(), Some(sb_name.as_str()));
+    let sb = fx.sandboxes().get(&sb_name).await.expect("sandbox");
+    assert_eq!(sb.spec.operating_mode.as_deref(), Some("Running"));
+    let text = fx.describe_with(&["Hibernated", "Resuming"]).await;
+    assert!(text.contains("Resuming"), "{text}");
+
+    op.stop();
+    drop_finalizers(fx.ns());
+}
+
+/// A ClusterRole and ClusterRoleBinding letting `backend` of `ns` impersonate
+/// `user:alice` only; deleted on drop (cluster-scoped objects outlive the namespace).
+struct Impersonation {
+    client: Client,
+    name: String,
+}
+
+impl Impersonation {
+    async fn create(client: &Client, name: &str, ns: &str) -> Self {
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        roles
+            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["user:alice"]}]})).expect("cluster role"))
+            .await
+            .expect("cluster role");
+        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+        bindings
+            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})).expect("cluster role binding"))
+            .await
+            .expect("cluster role binding");
+        Impersonation {
+            client: client.clone(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl Drop for Impersonation {
+    fn drop(&mut self) {
+        let (client, name) = (self.client.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let _ = std::thread::spawn(move || {
+                handle.block_on(async move {
+                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                    let _ = Api::<ClusterRole>::all(client)
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                })
+            })
+            .join();
+        }
+    }
 }
