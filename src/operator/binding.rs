@@ -1354,6 +1354,21 @@ async fn check_ready(
     if let Some(t) = resume_requested_at(binding).filter(|t| t.0 > last_active.0) {
         last_active = t;
     }
+    // Idle by the head and the lease alone: ask the store when the binding last saw any
+    // write (a harness that keeps its state in objects and streams commits no head).
+    if resolved.profile.spec.hibernation == HibernationPolicy::Suspend
+        && since(&last_active) >= resolved.idle_ttl
+        && let Some(t) = ctx
+            .store
+            .last_activity_ms(id)
+            .await
+            .map_err(store_err)?
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            .map(Time)
+            .filter(|t| t.0 > last_active.0)
+    {
+        last_active = t;
+    }
     if resolved.profile.spec.hibernation == HibernationPolicy::Suspend
         && since(&last_active) >= resolved.idle_ttl
     {

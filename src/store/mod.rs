@@ -178,6 +178,12 @@ pub struct AuditRecord {
     pub detail: serde_json::Value,
 }
 
+/// Writes that would not otherwise touch the binding record refresh its activity time
+/// only when it is older than this: idleness and retention are measured in minutes to
+/// days, and a binding-record write on every object put or append would double their
+/// cost.
+pub const ACTIVITY_GRANULARITY_MS: i64 = 60_000;
+
 /// Bindings and their fences (`harness_sessions`).
 #[async_trait]
 pub trait BindingStore: Send + Sync {
@@ -185,6 +191,10 @@ pub trait BindingStore: Send + Sync {
     /// keyed digest of its identity, so an existing row with another identity is refused.
     async fn ensure_binding(&self, record: &BindingRecord) -> Result<(BindingRecord, bool)>;
     async fn get_binding(&self, id: &BindingId) -> Result<Option<BindingRecord>>;
+    /// When the binding last saw a write (state, object, stream, fence or clear), in ms
+    /// since the epoch, to within [`ACTIVITY_GRANULARITY_MS`]: what idleness is measured
+    /// against. `None` for an unknown binding.
+    async fn last_activity_ms(&self, id: &BindingId) -> Result<Option<i64>>;
     /// Raises the fence to `(epoch, generation)` within the current epoch: monotonic
     /// (a lower generation is refused with `stale_lease`) and idempotent (equal is a
     /// no-op). Moving the epoch is `clear`'s job.

@@ -1557,6 +1557,48 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
     );
 }
 
+/// A binding's activity time (what idle hibernation measures) is known from its
+/// creation, never goes back with writes, and stays within the clock; an unknown binding
+/// has none.
+pub async fn activity_follows_writes<S: Store + ?Sized>(store: &S) {
+    let (record, scope) = new_binding(store, "activity").await;
+    let created = store
+        .last_activity_ms(&record.binding_id)
+        .await
+        .expect("activity")
+        .expect("a new binding has an activity time");
+    assert!(
+        created >= record.created_at_ms - 1_000 && created <= now_ms(),
+        "activity {created} is the creation time {}",
+        record.created_at_ms
+    );
+    store
+        .append(
+            &scope,
+            "activity/messages",
+            &[NewEntry {
+                id: "m1".into(),
+                body: b"hello".to_vec(),
+            }],
+        )
+        .await
+        .expect("append");
+    let after = store
+        .last_activity_ms(&record.binding_id)
+        .await
+        .expect("activity")
+        .expect("still known");
+    assert!(
+        after >= created && after <= now_ms(),
+        "activity after a write: {after}, before: {created}"
+    );
+    let unknown = keyring().binding_id("user:nobody@example.com", "agent-1", "none");
+    assert_eq!(
+        store.last_activity_ms(&unknown).await.expect("activity"),
+        None
+    );
+}
+
 /// Every case, by name, so each backend's test file can check it wires them all.
 pub const CASES: &[&str] = &[
     "head_is_the_last_commit_never_a_pending_entry",
@@ -1575,6 +1617,7 @@ pub const CASES: &[&str] = &[
     "retention_sweeps_delete_by_policy_and_audit",
     "binding_identity_is_create_or_get",
     "write_and_commit_is_a_turn_in_one_call",
+    "activity_follows_writes",
 ];
 
 /// Declares one `#[tokio::test]` per case for a backend. `$open` is an async expression
@@ -1606,11 +1649,12 @@ macro_rules! conformance_tests {
             native_streams_dedupe_order_and_cascade,
             retention_sweeps_delete_by_policy_and_audit,
             binding_identity_is_create_or_get,
-            write_and_commit_is_a_turn_in_one_call
+            write_and_commit_is_a_turn_in_one_call,
+            activity_follows_writes
         );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 16, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 17, "add new cases to conformance_tests!");
         }
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {

@@ -58,11 +58,9 @@ use crate::{
     store::{ClearReport, Result, StoreError, now_ms},
 };
 
-/// `last_activity_at` is refreshed by writes that do not already update the binding
-/// document only when it is older than this: conversation retention is measured in
-/// hours or days, and a write to the binding document on every object put or append
-/// would double their cost.
-const ACTIVITY_GRANULARITY_MS: i64 = 60_000;
+// `last_activity_at` is refreshed by writes that do not already update the binding
+// document only when it is older than `ACTIVITY_GRANULARITY_MS`.
+use crate::store::ACTIVITY_GRANULARITY_MS;
 
 /// Per-epoch counters of objects and streams in the binding document (`counts.*`).
 /// Each is reserved with one conditional `$inc` before the document it counts is created
@@ -403,6 +401,21 @@ impl MongoStore {
             return Ok(None);
         }
         record_of(view).map(Some)
+    }
+
+    pub(super) async fn last_activity_impl(&self, id: &BindingId) -> Result<Option<i64>> {
+        let found = self
+            .sessions
+            .find_one(doc! { "_id": id.as_str() })
+            .projection(doc! { "updated_at": 1, "last_activity_at": 1, "created_at": 1 })
+            .await
+            .ctx("reading a binding's activity")?;
+        let Some(found) = found else { return Ok(None) };
+        let at = |name: &str| found.get_datetime(name).ok().map(|t| t.timestamp_millis());
+        Ok(["updated_at", "last_activity_at", "created_at"]
+            .into_iter()
+            .filter_map(at)
+            .max())
     }
 
     pub(super) async fn raise_fence_impl(

@@ -392,6 +392,10 @@ impl BindingStore for MongoStore {
         self.get_binding_impl(id).await
     }
 
+    async fn last_activity_ms(&self, id: &BindingId) -> Result<Option<i64>> {
+        self.last_activity_impl(id).await
+    }
+
     async fn raise_fence(
         &self,
         id: &BindingId,

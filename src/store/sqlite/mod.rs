@@ -350,6 +350,20 @@ impl BindingStore for SqliteStore {
             .await
     }
 
+    async fn last_activity_ms(&self, id: &BindingId) -> Result<Option<i64>> {
+        // Every write to a binding's rows moves `updated_at_ms` (see `touch`).
+        let id = id.clone();
+        self.readers
+            .read(move |tx| {
+                tx.prepare_cached("SELECT updated_at_ms FROM harness_sessions WHERE id = ?1")
+                    .ctx("preparing the activity read")?
+                    .query_row([id.as_str()], |r| r.get::<_, i64>(0))
+                    .optional()
+                    .ctx("reading a binding's activity")
+            })
+            .await
+    }
+
     async fn raise_fence(
         &self,
         id: &BindingId,
