@@ -27,13 +27,11 @@ use harness_engine::{
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    rbac::v1::{Role, RoleBinding},
 };
 use kube::{
     Api, Client,
-    api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-    },
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
 };
 use reqwest::Method;
 use serde_json::json;
@@ -420,7 +418,7 @@ async fn service_callers_are_authorized_by_rbac_and_impersonation() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let _impersonation =
-        ClusterScoped::create(&fx.client, &format!("{ns}-impersonate-alice"), &ns).await;
+        common::Impersonation::create(&fx.client, &format!("{ns}-impersonate-alice"), &ns).await;
 
     let backend = fx.http(&fx.token("backend", "harness-engine", None).await);
     let created = backend
@@ -586,53 +584,4 @@ fn self_signed_token(ns: &str, sa: &ServiceAccount, pod: &Pod, expires_in: i64) 
         "{signing_input}.{}",
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out.stdout)
     )
-}
-
-/// A ClusterRole + ClusterRoleBinding letting `backend` impersonate `user:alice` only;
-/// deleted on drop (cluster-scoped objects outlive the test namespace).
-struct ClusterScoped {
-    client: Client,
-    name: String,
-}
-
-impl ClusterScoped {
-    async fn create(client: &Client, name: &str, ns: &str) -> Self {
-        let roles: Api<ClusterRole> = Api::all(client.clone());
-        roles
-            .create(&PostParams::default(), &from_json(json!({"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["user:alice"]}]})))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-        bindings
-            .create(
-                &PostParams::default(),
-                &from_json(json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        ClusterScoped {
-            client: client.clone(),
-            name: name.to_owned(),
-        }
-    }
-}
-
-impl Drop for ClusterScoped {
-    fn drop(&mut self) {
-        let client = self.client.clone();
-        let name = self.name.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                    let _ = Api::<ClusterRole>::all(client)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-            })
-            .join();
-        }
-    }
 }

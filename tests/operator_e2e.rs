@@ -31,7 +31,7 @@ use harness_engine::{
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    rbac::v1::{Role, RoleBinding},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -162,6 +162,35 @@ impl Fixture {
         let (ok, out, err) = kubectl(&["describe", "harnessbinding", BINDING, "-n", self.ns()]);
         assert!(ok, "kubectl describe: {err}");
         out
+    }
+
+    /// Shortens the profile's idle TTL until the binding is hibernated, then restores
+    /// it; returns the hibernated binding.
+    async fn hibernate(&self) -> HarnessBinding {
+        let profiles: Api<SandboxProfile> = Api::namespaced(self.client.clone(), self.ns());
+        let idle_ttl = |ttl: &str| json!({"spec": {"timeouts": {"idleTTL": ttl}}});
+        profiles
+            .patch(
+                "python-worker",
+                &PatchParams::default(),
+                &Patch::Merge(idle_ttl("2s")),
+            )
+            .await
+            .expect("short idle TTL");
+        let hibernated = eventually(Duration::from_secs(90), "hibernated", || async {
+            let b = self.binding().await;
+            (b.status.as_ref()?.lifecycle == Some(Lifecycle::Hibernated)).then_some(b)
+        })
+        .await;
+        profiles
+            .patch(
+                "python-worker",
+                &PatchParams::default(),
+                &Patch::Merge(idle_ttl("30m")),
+            )
+            .await
+            .expect("idle TTL back");
+        hibernated
     }
 
     /// `kubectl describe` once it mentions every needle (events are published off the
@@ -406,28 +435,7 @@ async fn a_binding_is_leased_replaced_cleared_hibernated_resumed_and_released() 
     );
 
     // Idle TTL hibernates (Sandbox suspended); a bind request resumes.
-    let profiles: Api<SandboxProfile> = Api::namespaced(fx.client.clone(), fx.ns());
-    profiles
-        .patch(
-            "python-worker",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"timeouts": {"idleTTL": "2s"}}})),
-        )
-        .await
-        .expect("short idle TTL");
-    let hibernated = eventually(Duration::from_secs(90), "hibernated", || async {
-        let b = fx.binding().await;
-        (b.status.as_ref()?.lifecycle == Some(Lifecycle::Hibernated)).then_some(b)
-    })
-    .await;
-    profiles
-        .patch(
-            "python-worker",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"timeouts": {"idleTTL": "30m"}}})),
-        )
-        .await
-        .expect("idle TTL back");
+    let hibernated = fx.hibernate().await;
     let sb_name = hibernated
         .status
         .clone()
@@ -764,32 +772,10 @@ async fn a_bind_through_the_data_plane_resumes_a_hibernated_binding() {
         .await
         .expect("role binding");
     let _impersonation =
-        Impersonation::create(&fx.client, &format!("{ns}-act-for-alice"), &ns).await;
+        common::Impersonation::create(&fx.client, &format!("{ns}-act-for-alice"), &ns).await;
 
     // Idle: hibernated.
-    let profiles: Api<SandboxProfile> = Api::namespaced(fx.client.clone(), fx.ns());
-    let idle_ttl = |ttl: &str| json!({"spec": {"timeouts": {"idleTTL": ttl}}});
-    profiles
-        .patch(
-            "python-worker",
-            &PatchParams::default(),
-            &Patch::Merge(idle_ttl("2s")),
-        )
-        .await
-        .expect("short idle TTL");
-    let hibernated = eventually(Duration::from_secs(90), "hibernated", || async {
-        let b = fx.binding().await;
-        (b.status.as_ref()?.lifecycle == Some(Lifecycle::Hibernated)).then_some(b)
-    })
-    .await;
-    profiles
-        .patch(
-            "python-worker",
-            &PatchParams::default(),
-            &Patch::Merge(idle_ttl("30m")),
-        )
-        .await
-        .expect("idle TTL back");
+    let hibernated = fx.hibernate().await;
     let asleep = hibernated
         .status
         .clone()
@@ -871,49 +857,4 @@ async fn a_bind_through_the_data_plane_resumes_a_hibernated_binding() {
 
     op.stop();
     drop_finalizers(fx.ns());
-}
-
-/// A ClusterRole and ClusterRoleBinding letting `backend` of `ns` impersonate
-/// `user:alice` only; deleted on drop (cluster-scoped objects outlive the namespace).
-struct Impersonation {
-    client: Client,
-    name: String,
-}
-
-impl Impersonation {
-    async fn create(client: &Client, name: &str, ns: &str) -> Self {
-        let roles: Api<ClusterRole> = Api::all(client.clone());
-        roles
-            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["user:alice"]}]})).expect("cluster role"))
-            .await
-            .expect("cluster role");
-        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-        bindings
-            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})).expect("cluster role binding"))
-            .await
-            .expect("cluster role binding");
-        Impersonation {
-            client: client.clone(),
-            name: name.to_owned(),
-        }
-    }
-}
-
-impl Drop for Impersonation {
-    fn drop(&mut self) {
-        let (client, name) = (self.client.clone(), self.name.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                    let _ = Api::<ClusterRole>::all(client)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-            })
-            .join();
-        }
-    }
 }

@@ -893,15 +893,13 @@ async fn progress_claim(
                 })
                 .map(|sb| sb.name_any())
         });
-    let sandbox_ready = sandbox_name.as_deref().is_some_and(|sb| {
+    let owned_sandbox_ready = sandbox_name.as_deref().is_some_and(|sb| {
         caches
             .as_ref()
             .and_then(|c| super::Caches::get(&c.sandboxes, &ns, sb))
             .is_some_and(|o| {
                 controlled_by_uid(o.meta().owner_references.as_deref(), claim.uid().as_deref())
-                    && o.status
-                        .as_ref()
-                        .is_some_and(|s| sandbox::is_ready(&s.conditions))
+                    && sandbox_ready(&o)
             })
     });
     let verdict = if claim.meta().deletion_timestamp.is_some() {
@@ -909,7 +907,7 @@ async fn progress_claim(
             "ClaimDeleting",
             format!("SandboxClaim {name} is being deleted"),
         ))
-    } else if !(claim_ready || sandbox_ready) || sandbox_name.is_none() {
+    } else if !(claim_ready || owned_sandbox_ready) || sandbox_name.is_none() {
         // The claim's own reason is in its status; repeating each of its changes here
         // would cost a status write per change and tell nothing new.
         Err((
@@ -960,11 +958,7 @@ async fn progress_claim(
             .as_ref()
             .and_then(|c| super::Caches::get(&c.sandboxes, &ns, name))
             .map(|o| (*o).clone());
-        let usable = cached.as_ref().is_some_and(|sb| {
-            sb.status
-                .as_ref()
-                .is_some_and(|s| sandbox::is_ready(&s.conditions))
-        });
+        let usable = cached.as_ref().is_some_and(sandbox_ready);
         Ok(if usable || (caches.is_some() && !claim_ready) {
             cached
         } else {
@@ -1000,11 +994,7 @@ async fn progress_claim(
                 "Sandbox {sandbox_name} is not controlled by SandboxClaim {name}"
             )));
         }
-        let ready = sb
-            .status
-            .as_ref()
-            .is_some_and(|s| sandbox::is_ready(&s.conditions));
-        if !ready {
+        if !sandbox_ready(&sb) {
             return Ok(Err(format!("Sandbox {sandbox_name} is not Ready")));
         }
         let pod_name = sb
@@ -1044,7 +1034,7 @@ async fn progress_claim(
                 )
                 .await;
             }
-            return settle_or_wait(step, ctx, &claim, claim_ready, message).await;
+            return settle_or_wait(step, ctx, &claim, message).await;
         }
     };
 
@@ -1058,7 +1048,7 @@ async fn progress_claim(
     match verify_worker(&pod, &resolved.profile) {
         // A pod that reports no image yet is still starting, not refused.
         Err(("WorkerImageUnknown", message)) if !past_deadline => {
-            settle_or_wait(step, ctx, &claim, claim_ready, message).await
+            settle_or_wait(step, ctx, &claim, message).await
         }
         Err((reason, message)) => {
             step.lifecycle(Lifecycle::Failed);
@@ -1159,15 +1149,9 @@ async fn settle_or_wait(
     mut step: Step<'_>,
     ctx: &Context,
     claim: &SandboxClaim,
-    claim_ready: bool,
     message: String,
 ) -> Result<Action, Error> {
-    if !claim_ready && step.events.is_empty() {
-        // Seen ahead of the claim: the claim's own progress is what to wait for, and
-        // `SandboxReady` already says so.
-        ctx.metrics.waited("ClaimNotReady");
-        return Ok(Action::requeue(SETTLE));
-    }
+    // How long the claim has been Ready (`None`: not Ready).
     let ready_for = claim
         .status
         .as_ref()
@@ -1177,6 +1161,12 @@ async fn settle_or_wait(
                 .find(|c| c.type_ == "Ready" && c.status == TRUE)
         })
         .map(|c| since(&c.last_transition_time));
+    if ready_for.is_none() && step.events.is_empty() {
+        // Seen ahead of the claim: the claim's own progress is what to wait for, and
+        // `SandboxReady` already says so.
+        ctx.metrics.waited("ClaimNotReady");
+        return Ok(Action::requeue(SETTLE));
+    }
     if ready_for.is_some_and(|d| d < SETTLE) && step.events.is_empty() {
         ctx.metrics.waited("SandboxSettling");
         return Ok(Action::requeue(SETTLE));
@@ -1465,17 +1455,19 @@ fn lease_failure(
             format!("worker pod {pod_name} is being deleted"),
         ));
     }
-    if !sb
-        .status
-        .as_ref()
-        .is_some_and(|s| sandbox::is_ready(&s.conditions))
-    {
+    if !sandbox_ready(sb) {
         return Some((
             "SandboxFailed",
             format!("Sandbox {sb_name} is no longer Ready"),
         ));
     }
     None
+}
+
+fn sandbox_ready(sb: &Sandbox) -> bool {
+    sb.status
+        .as_ref()
+        .is_some_and(|s| sandbox::is_ready(&s.conditions))
 }
 
 fn resume_requested_at(binding: &HarnessBinding) -> Option<Time> {

@@ -186,3 +186,54 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A ClusterRole and ClusterRoleBinding letting the ServiceAccount `backend` of `ns`
+/// impersonate `user:alice` only; deleted on drop (cluster-scoped objects outlive the
+/// test namespace).
+pub struct Impersonation {
+    client: Client,
+    name: String,
+}
+
+impl Impersonation {
+    pub async fn create(client: &Client, name: &str, ns: &str) -> Self {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+            serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+        }
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        roles
+            .create(&PostParams::default(), &from_json(serde_json::json!({"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["user:alice"]}]})))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+        bindings
+            .create(&PostParams::default(), &from_json(serde_json::json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Impersonation {
+            client: client.clone(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl Drop for Impersonation {
+    fn drop(&mut self) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let (client, name) = (self.client.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let _ = std::thread::spawn(move || {
+                handle.block_on(async move {
+                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                    let _ = Api::<ClusterRole>::all(client)
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                })
+            })
+            .join();
+        }
+    }
+}
