@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh
 
 all: build
 
@@ -70,6 +70,11 @@ bench-operator: e2e-build
 ## checkpoints/s and put p99 (prints a table, writes target/bench/python.json).
 bench-python:
 	scripts/bench-python.sh
+
+## ci-fresh: clone HEAD into a temporary directory and run .ci/run there with empty Go,
+## e2e and Cargo caches: the cold start a new machine sees (KEEP=1 keeps the directory).
+ci-fresh:
+	scripts/ci-fresh.sh
 
 e2e-build:
 	$(E2E)/build.sh >/dev/null

@@ -42,6 +42,7 @@ build_ferretdb() {
   local started=$SECONDS src work
   echo "build: ferretdb (github.com/FerretDB/FerretDB/cmd/ferretdb, version.txt added)" >&2
   src=$(go list -m -f '{{.Dir}}' github.com/FerretDB/FerretDB)
+  [[ -n "$src" && -d "$src" ]] || { echo "build: FerretDB's module is not in the module cache" >&2; return 1; }
   work=$(mktemp -d "$staging/.ferretdb.XXXXXX")
   cp -R "$src" "$work/src"
   chmod -R u+w "$work/src"
@@ -54,6 +55,12 @@ build_ferretdb() {
   rm -rf "$work"
   echo "build: ferretdb done in $((SECONDS - started))s" >&2
 }
+
+# `go build` fetches what the packages it builds import, but the two steps below read
+# module directories straight from the module cache (FerretDB's source, Agent Sandbox's
+# CRDs): download those modules first, or a cold cache answers with an empty path.
+echo "build: go mod download" >&2
+go mod download github.com/FerretDB/FerretDB sigs.k8s.io/agent-sandbox
 
 build etcd go.etcd.io/etcd/server/v3
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kver"
@@ -68,6 +75,7 @@ build_ferretdb
 # `up` installs exactly the API this controller serves.
 mkdir -p "$staging/agent-sandbox-crds"
 asdir=$(go list -m -f '{{.Dir}}' sigs.k8s.io/agent-sandbox)
+[[ -n "$asdir" && -d "$asdir/k8s/crds" ]] || { echo "build: Agent Sandbox's module has no k8s/crds in the module cache" >&2; exit 1; }
 cp "$asdir"/k8s/crds/*.yaml "$staging/agent-sandbox-crds/"
 chmod -R u+w "$staging"
 
