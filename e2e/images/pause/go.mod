@@ -1,0 +1,3 @@
+module harness-engine.dev/e2e/images/pause
+
+go 1.26.0
