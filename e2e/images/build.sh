@@ -115,8 +115,17 @@ case ${1:-} in
       mkdir -p "$ctx/clients" "$ctx/examples"
       cp -R "$repo/clients/python" "$ctx/clients/"; cp -R "$repo/examples/worker" "$ctx/examples/"
       find "$ctx" -name __pycache__ -prune -exec rm -rf {} + ; rm -rf "$ctx/clients/python/"*.egg-info "$ctx/clients/python/src/"*.egg-info
+      # The wheels, downloaded on the host (its pip configuration reaches the index; the
+      # image's Python 3.13 on manylinux x86_64), so the build itself needs no network.
+      py=python3
+      for c in "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.1[3-9]*/bin/python3 python3.13; do
+        "$c" -m pip --version >/dev/null 2>&1 && { py=$c; break; }
+      done
+      "$py" -m pip download -q --dest "$ctx/examples/worker/wheels" --only-binary=:all: --python-version 3.13 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64 \
+        -c "$repo/clients/python/requirements.lock" -r "$repo/examples/worker/requirements.txt" "setuptools>=69" >&2
       archive worker "${TAG:-dev}" "$ctx" -f "$ctx/examples/worker/Dockerfile" \
-        --build-arg "BASE_IMAGE=localhost/harness-engine/base-python:$(bases_key)" --build-arg "VERSION=$wkey"
+        --build-arg "BASE_IMAGE=localhost/harness-engine/base-python:$(bases_key)" --build-arg "VERSION=$wkey" --build-arg OFFLINE=true
       cp "$out/worker.tar" "$cached.tmp" && mv "$cached.tmp" "$cached"
     else
       cp "$cached" "$out/worker.tar"
