@@ -47,7 +47,80 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio");
-    runtime.block_on(run(n, full));
+    let only_restarts = std::env::var("HARNESS_BENCH_ONLY").as_deref() == Ok("restarts");
+    runtime.block_on(async {
+        let mut out = serde_json::Map::new();
+        out.insert("mode".into(), (if full { "full" } else { "smoke" }).into());
+        if !only_restarts {
+            run(n, full, &mut out).await;
+        }
+        restarts(full, &mut out).await;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("operator.json");
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&out).unwrap_or_default(),
+        )
+        .expect("write json");
+        println!("wrote {}", path.display());
+    });
+}
+
+/// Issue 19: recovery after a restart. Six bindings in their own namespace; the
+/// operator SIGKILLed and started again on the same data directory, a worker pod deleted
+/// around each kill (see `tests/common/restarts.rs`); the time from the new process's
+/// spawn until every binding is Ready on a live pod, the touched ones at a higher lease
+/// generation. `HARNESS_BENCH_RESTARTS` sets the count (20 with `--bench`, 3 without).
+async fn restarts(full: bool, out: &mut serde_json::Map<String, serde_json::Value>) {
+    let count: usize = std::env::var("HARNESS_BENCH_RESTARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 20 } else { 3 });
+    let client = common::client().await;
+    common::install_our_crds(&client).await;
+    let ns = common::TestNamespace::new(&client, "bench-restart").await;
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let outcome = common::restarts::run(
+        &client,
+        &ns.name,
+        &scratch.path().join("data"),
+        6,
+        count,
+        Duration::from_secs(120),
+    )
+    .await;
+    let took: Vec<Duration> = outcome.restarts.iter().map(|r| r.recovery).collect();
+    let pct = |p| common::restarts::percentile(&took, p).as_secs_f64();
+    let (p50, p99, max) = (pct(50.0), pct(99.0), pct(100.0));
+    let over_15 = took.iter().filter(|d| d.as_secs_f64() > 15.0).count();
+    println!();
+    println!(
+        "restart recovery: {count} SIGKILL restarts, 6 bindings, a worker pod deleted around each kill"
+    );
+    println!("{:<44} {:>12}", "figure", "value");
+    println!(
+        "{:<44} {:>12.2}",
+        "recovery p50 (s, spawn -> all Ready)", p50
+    );
+    println!("{:<44} {:>12.2}", "recovery p99 (s)", p99);
+    println!("{:<44} {:>12.2}", "recovery max (s)", max);
+    println!("{:<44} {:>12}", "restarts over 15 s", over_15);
+    for (i, r) in outcome.restarts.iter().enumerate() {
+        println!(
+            "  restart {i:2}: pod deleted {:6} (mid-replacement: {:5}) recovered in {:.2} s",
+            r.when,
+            r.mid_replacement,
+            r.recovery.as_secs_f64()
+        );
+    }
+    out.insert("restarts".into(), count.into());
+    out.insert("restart_recovery_p50_s".into(), p50.into());
+    out.insert("restart_recovery_p99_s".into(), p99.into());
+    out.insert("restart_recovery_max_s".into(), max.into());
+    out.insert("restarts_over_15_s".into(), over_15.into());
+    common::operator::drop_finalizers(&ns.name);
+    drop(ns);
 }
 
 #[derive(Default)]
@@ -58,7 +131,7 @@ struct Seen {
     binding_ready: HashMap<String, (String, Instant)>,
 }
 
-async fn run(n: usize, full: bool) {
+async fn run(n: usize, full: bool, out: &mut serde_json::Map<String, serde_json::Value>) {
     let client = common::client().await;
     common::install_our_crds(&client).await;
     // An earlier run's namespace (a thousand pods and Sandboxes) is still being deleted
@@ -355,8 +428,6 @@ async fn run(n: usize, full: bool) {
             verdict(rss <= 100.0)
         );
     }
-    let mut out = serde_json::Map::new();
-    out.insert("mode".into(), (if full { "full" } else { "smoke" }).into());
     out.insert("bindings".into(), n.into());
     out.insert("create_seconds".into(), created_in.as_secs_f64().into());
     out.insert("all_ready_seconds".into(), all_ready.as_secs_f64().into());
@@ -369,15 +440,6 @@ async fn run(n: usize, full: bool) {
     out.insert("api_requests_per_binding".into(), per_binding.into());
     out.insert("operator_rss_mib".into(), rss.into());
     out.insert("ready_before_claim".into(), ahead.into());
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let _ = std::fs::create_dir_all(&dir);
-    let path = dir.join("operator.json");
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&out).unwrap_or_default(),
-    )
-    .expect("write json");
-    println!("wrote {}", path.display());
     assert_eq!(overhead.len() + missing, n);
 
     // Leave nothing behind: the operator goes, then the bindings lose their finalizer

@@ -216,25 +216,31 @@ pub struct Caches {
     pub sandboxes: Cache<Sandbox>,
     pub pods: Cache<Pod>,
     pub profiles: Cache<SandboxProfile>,
+    pub gate: CacheGate,
 }
+
+/// How long a reconcile waits for the caches' first list before it fails (and is
+/// retried): far longer than a list takes, short enough to say so when a watch cannot
+/// list at all (RBAC, a missing CRD).
+const CACHE_WAIT: Duration = Duration::from_secs(60);
 
 impl Caches {
     /// Waits until every cache has its initial list (right after a start or a leader
     /// change), so that an absent object means absent, not "not listed yet".
+    ///
+    /// This is our own gate, not the reflector's `Store::wait_until_ready`: that one is
+    /// a oneshot which keeps only the waker of the task that polled it last, so when
+    /// several reconciles wait at once only one is woken by the first list and the
+    /// others sleep until a timeout or a requeue (issue 19: a minute after every
+    /// restart). A `watch` channel wakes every waiter.
     pub async fn ready(&self) -> Result<(), Error> {
-        let all = async {
-            self.claims.wait_until_ready().await?;
-            self.sandboxes.wait_until_ready().await?;
-            self.pods.wait_until_ready().await?;
-            self.profiles.wait_until_ready().await
-        };
-        match tokio::time::timeout(Duration::from_secs(60), all).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(Error::Invalid("a watch cache was dropped".into())),
-            Err(_) => Err(Error::Invalid(
-                "the watch caches did not finish their initial list within 60s".into(),
-            )),
-        }
+        self.gate.wait(CACHE_WAIT).await.map_err(|pending| {
+            Error::Invalid(format!(
+                "the watch caches {} did not finish their initial list within {}s",
+                pending.join(", "),
+                CACHE_WAIT.as_secs()
+            ))
+        })
     }
 
     pub fn get<K>(cache: &Cache<K>, ns: &str, name: &str) -> Option<Arc<K>>
@@ -242,6 +248,69 @@ impl Caches {
         K: kube::Resource<DynamicType = ()> + Clone + 'static,
     {
         cache.get(&ObjectRef::new(name).within(ns))
+    }
+}
+
+/// Opens once every watch it names has delivered its first complete list (the
+/// watcher's `InitDone`, seen after the reflector applied it, so the cache holds the
+/// list). Later re-lists do not close it again: the caches keep their last list until
+/// the new one replaces it.
+#[derive(Clone)]
+pub struct CacheGate {
+    tx: Arc<tokio::sync::watch::Sender<Vec<&'static str>>>,
+}
+
+impl CacheGate {
+    /// A closed gate waiting for the watches named `pending`.
+    pub fn new(pending: &[&'static str]) -> Self {
+        CacheGate {
+            tx: Arc::new(tokio::sync::watch::Sender::new(pending.to_vec())),
+        }
+    }
+
+    /// The watch `name` has listed everything once.
+    pub fn listed(&self, name: &str) {
+        self.tx.send_if_modified(|pending| {
+            let before = pending.len();
+            pending.retain(|p| *p != name);
+            pending.len() != before
+        });
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.tx.borrow().is_empty()
+    }
+
+    /// Waits (at most `timeout`) until the gate opens; on timeout, the watches still
+    /// listing.
+    pub async fn wait(&self, timeout: Duration) -> Result<(), Vec<&'static str>> {
+        let mut rx = self.tx.subscribe();
+        match tokio::time::timeout(timeout, rx.wait_for(Vec::is_empty)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(vec!["(all: the watches stopped)"]),
+            Err(_) => Err(self.tx.borrow().clone()),
+        }
+    }
+
+    /// A stream that yields once, when the gate opens (for `reconcile_all_on`).
+    fn opened(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let mut rx = self.tx.subscribe();
+        futures::stream::once(async move { rx.wait_for(Vec::is_empty).await.is_ok() })
+            .filter_map(|open| futures::future::ready(open.then_some(())))
+    }
+
+    /// For a watch stream after its reflector: opens this watch's part of the gate on
+    /// its first `InitDone`.
+    fn on_init_done<K>(
+        &self,
+        name: &'static str,
+    ) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + Send + 'static {
+        let gate = self.clone();
+        move |event| {
+            if let Ok(watcher::Event::InitDone) = event {
+                gate.listed(name);
+            }
+        }
     }
 }
 
@@ -284,6 +353,83 @@ fn binding_of_pod(
         .find(|r| r.kind == "Sandbox" && r.controller == Some(true))?;
     let sandbox = Caches::get(sandboxes, &ns, &owner.name)?;
     binding_of_sandbox(claims, &sandbox)
+}
+
+/// The bindings whose lease names `sandbox` or `pod` in namespace `ns`: the second way
+/// from a Sandbox or pod event to its binding, through the bindings' own cache. The
+/// ownership chain finds nothing while the Sandbox and claim caches lag (a restart, a
+/// pod recreated before its Sandbox event arrives); the lease still names what it
+/// verified.
+fn bindings_naming(
+    bindings: &Cache<HarnessBinding>,
+    ns: &str,
+    sandbox: Option<&str>,
+    pod: Option<&str>,
+) -> Vec<ObjectRef<HarnessBinding>> {
+    if sandbox.is_none() && pod.is_none() {
+        return Vec::new();
+    }
+    bindings
+        .state()
+        .into_iter()
+        .filter(|b| b.metadata.namespace.as_deref() == Some(ns))
+        .filter(|b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.lease.as_ref())
+                .is_some_and(|l| {
+                    (sandbox.is_some() && l.sandbox_name.as_deref() == sandbox)
+                        || (pod.is_some() && l.worker_pod_name.as_deref() == pod)
+                })
+        })
+        .map(|b| ObjectRef::from_obj(&*b))
+        .collect()
+}
+
+/// Every binding a pod event bears on: by ownership, and by the leases naming it.
+fn bindings_of_pod(
+    bindings: &Cache<HarnessBinding>,
+    sandboxes: &Cache<Sandbox>,
+    claims: &Cache<SandboxClaim>,
+    pod: &Pod,
+) -> Vec<ObjectRef<HarnessBinding>> {
+    let Some(ns) = pod.namespace() else {
+        return Vec::new();
+    };
+    let sandbox = pod
+        .owner_references()
+        .iter()
+        .find(|r| r.kind == "Sandbox" && r.controller == Some(true))
+        .map(|r| r.name.clone());
+    // Pods no Sandbox controls are none of our business.
+    let Some(sandbox) = sandbox else {
+        return Vec::new();
+    };
+    let mut found = bindings_naming(bindings, &ns, Some(&sandbox), Some(&pod.name_any()));
+    if let Some(b) = binding_of_pod(sandboxes, claims, pod)
+        && !found.contains(&b)
+    {
+        found.push(b);
+    }
+    found
+}
+
+/// Every binding a Sandbox event bears on: by ownership, and by the leases naming it.
+fn bindings_of_sandbox(
+    bindings: &Cache<HarnessBinding>,
+    claims: &Cache<SandboxClaim>,
+    sandbox: &Sandbox,
+) -> Vec<ObjectRef<HarnessBinding>> {
+    let Some(ns) = sandbox.namespace() else {
+        return Vec::new();
+    };
+    let mut found = bindings_naming(bindings, &ns, Some(&sandbox.name_any()), None);
+    if let Some(b) = binding_of_sandbox(claims, sandbox)
+        && !found.contains(&b)
+    {
+        found.push(b);
+    }
+    found
 }
 
 /// Events are published off the reconcile path, by a few workers; all events of one
@@ -711,6 +857,15 @@ where
     // nothing else): a binding is reconciled when what a user or the API server changes
     // moves (generation, labels, annotations, finalizers, deletion), when its children
     // move, or when it asked to be requeued.
+    // Reconciles wait for this gate (see `Caches::ready`); it opens when all five
+    // watches below have listed once.
+    let gate = CacheGate::new(&[
+        "harnessbindings",
+        "sandboxclaims",
+        "sandboxes",
+        "pods",
+        "sandboxprofiles",
+    ]);
     let (reader, writer) = reflector::store();
     let trigger = watcher(
         api::<HarnessBinding>(&client, ns),
@@ -719,6 +874,7 @@ where
     .default_backoff()
     .modify(strip_managed_fields)
     .reflect(writer)
+    .inspect(gate.on_init_done("harnessbindings"))
     .applied_objects()
     .predicate_filter(
         binding_trigger,
@@ -738,6 +894,7 @@ where
     .default_backoff()
     .modify(strip_managed_fields)
     .reflect(claims_w)
+    .inspect(gate.on_init_done("sandboxclaims"))
     .touched_objects()
     .map({
         let ctx = ctx.clone();
@@ -753,12 +910,14 @@ where
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(sandboxes_w)
+        .inspect(gate.on_init_done("sandboxes"))
         .touched_objects();
     let (pods, pods_w) = reflector::store::<Pod>();
     let pod_events = watcher(api::<Pod>(&client, ns), watcher::Config::default())
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(pods_w)
+        .inspect(gate.on_init_done("pods"))
         .touched_objects();
     let (profiles_c, profiles_w) = reflector::store::<SandboxProfile>();
     let profile_events = watcher(
@@ -768,25 +927,33 @@ where
     .default_backoff()
     .modify(strip_managed_fields)
     .reflect(profiles_w)
+    .inspect(gate.on_init_done("sandboxprofiles"))
     .touched_objects();
     ctx.set_caches(Some(Caches {
         claims: claims.clone(),
         sandboxes: sandboxes.clone(),
         pods,
         profiles: profiles_c,
+        gate: gate.clone(),
     }));
 
     let bindings = Controller::for_stream(trigger, reader).with_config(cc.clone());
     let by_profile = bindings.store();
+    let by_sandbox = bindings.store();
+    let by_pod = bindings.store();
     let claims_for_sandboxes = claims.clone();
     let bindings = bindings
         .owns_stream(claim_events)
         .watches_stream(sandbox_events, move |sb: Sandbox| {
-            binding_of_sandbox(&claims_for_sandboxes, &sb)
+            bindings_of_sandbox(&by_sandbox, &claims_for_sandboxes, &sb)
         })
         .watches_stream(pod_events, move |pod: Pod| {
-            binding_of_pod(&sandboxes, &claims, &pod)
+            bindings_of_pod(&by_pod, &sandboxes, &claims, &pod)
         })
+        // Events that arrived while the caches were still filling mapped to nothing
+        // (the chain pod -> Sandbox -> claim -> binding was not listed yet): once every
+        // cache holds its list, every binding is looked at once more.
+        .reconcile_all_on(gate.opened())
         .watches_stream(profile_events, move |profile: SandboxProfile| {
             let pns = profile.namespace();
             let name = profile.name_any();
@@ -861,5 +1028,75 @@ where
     fn call(&mut self, req: axum::http::Request<B>) -> Self::Future {
         self.counter.inc();
         self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every waiter is woken when the last watch lists, however many wait at once
+    /// (the reflector's own readiness signal woke only the last one to poll it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cache_gate_wakes_every_waiter() {
+        let gate = CacheGate::new(&["a", "b"]);
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(async move { gate.wait(Duration::from_secs(30)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!gate.is_open());
+        gate.listed("a");
+        gate.listed("a");
+        assert!(!gate.is_open(), "one watch of two listed");
+        gate.listed("b");
+        for w in waiters {
+            let woke = tokio::time::timeout(Duration::from_secs(5), w).await;
+            assert!(
+                matches!(woke, Ok(Ok(Ok(())))),
+                "a waiter was not woken: {woke:?}"
+            );
+        }
+        assert!(gate.is_open());
+    }
+
+    #[tokio::test]
+    async fn a_gate_that_never_opens_names_the_watches_still_listing() {
+        let gate = CacheGate::new(&["pods", "sandboxes"]);
+        gate.listed("pods");
+        assert_eq!(
+            gate.wait(Duration::from_millis(20)).await,
+            Err(vec!["sandboxes"])
+        );
+    }
+
+    /// The cause of issue 19, kept as a measurement: the reflector's readiness signal,
+    /// awaited by several tasks at once, wakes fewer of them than wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "documents kube-runtime's behaviour; run with --ignored"]
+    async fn the_reflector_readiness_signal_wakes_only_some_waiters() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { store.wait_until_ready().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let mut woken = 0;
+        for w in waiters {
+            if tokio::time::timeout(Duration::from_millis(500), w)
+                .await
+                .is_ok()
+            {
+                woken += 1;
+            }
+        }
+        eprintln!("woken: {woken} of 16");
+        assert!(woken < 16);
     }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod operator;
+pub mod restarts;
 
 use std::{
     collections::HashMap,
