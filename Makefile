@@ -86,11 +86,23 @@ e2e-build:
 install-yaml:
 	scripts/install-yaml.sh dist/install.yaml
 
+## e2e-up: the local control plane with kwok (fast, many pods); REAL_NODE=1: one real
+## node instead (containerd, runc, kubelet, kube-proxy; our images imported; one per
+## machine, locked): e2e/scripts/realnode.sh, run dir target/e2e-node.
 e2e-up: e2e-build
+ifeq ($(REAL_NODE),1)
+	$(CARGO) build --locked --bin harness-engine
+	$(E2E)/realnode.sh up
+else
 	$(E2E)/up.sh
+endif
 
 e2e-down:
+ifeq ($(REAL_NODE),1)
+	$(E2E)/realnode.sh down
+else
 	$(E2E)/down.sh
+endif
 
 ## dev: the operator on the embedded store against the local control plane (target/e2e):
 ## CRDs installed, samples applied in namespace `dev`, operator in the foreground (Ctrl-C
