@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh install-yaml
 
 all: build
 
@@ -36,6 +36,7 @@ fmt:
 crds:
 	$(CARGO) run --locked --quiet -- crds --out-dir crds
 	$(CARGO) run --locked --quiet -- crds --out-dir config/crd/bases
+	$(CARGO) run --locked --quiet -- crds --out-dir charts/harness-engine/crds
 
 ## openapi: regenerate docs/openapi.json from the code (a test fails when it drifts).
 openapi:
@@ -78,12 +79,30 @@ ci-fresh:
 
 e2e-build:
 	$(E2E)/build.sh >/dev/null
+	$(E2E)/build-tools.sh >/dev/null
 
+## install-yaml: the flat manifest of a release for `kubectl apply -f` (CRDs + the
+## chart's defaults, identity key brought by the user) into dist/install.yaml.
+install-yaml:
+	scripts/install-yaml.sh dist/install.yaml
+
+## e2e-up: the local control plane with kwok (fast, many pods); REAL_NODE=1: one real
+## node instead (containerd, runc, kubelet, kube-proxy; our images imported; one per
+## machine, locked): e2e/scripts/realnode.sh, run dir target/e2e-node.
 e2e-up: e2e-build
+ifeq ($(REAL_NODE),1)
+	$(CARGO) build --locked --bin harness-engine
+	$(E2E)/realnode.sh up
+else
 	$(E2E)/up.sh
+endif
 
 e2e-down:
+ifeq ($(REAL_NODE),1)
+	$(E2E)/realnode.sh down
+else
 	$(E2E)/down.sh
+endif
 
 ## dev: the operator on the embedded store against the local control plane (target/e2e):
 ## CRDs installed, samples applied in namespace `dev`, operator in the foreground (Ctrl-C

@@ -174,6 +174,14 @@ struct OperatorArgs {
     /// How long start-up waits for our CRDs to be established, in seconds.
     #[arg(long, default_value_t = 60)]
     crd_wait_seconds: u64,
+    /// Log format on stderr (levels and targets from `RUST_LOG`).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        env = "HARNESS_ENGINE_LOG_FORMAT"
+    )]
+    log_format: harness_engine::operator::logging::LogFormat,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -298,7 +306,8 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let telemetry = telemetry::init().context("starting telemetry (OTEL_* settings)")?;
+    let telemetry = telemetry::init_with_logs(Some(operator::logging::layer(args.log_format)))
+        .context("starting telemetry (OTEL_* settings)")?;
     println!("telemetry: {}", telemetry.describe());
     let result = runtime.block_on(async move {
         let metrics = OperatorMetrics::default();

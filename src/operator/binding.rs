@@ -1663,7 +1663,7 @@ async fn project_state(
 }
 
 fn tracing_warn(message: &str) {
-    eprintln!("harness-engine operator: warning: {message}");
+    tracing::warn!("{message}");
 }
 
 /// Deletes this binding's claims other than `keep`. Returns how many are still live.

@@ -117,7 +117,7 @@ impl Elector {
             match self.try_acquire_or_renew().await {
                 Ok(true) => return,
                 Ok(false) => {}
-                Err(e) => eprintln!("harness-engine operator: leader election: {e}"),
+                Err(e) => tracing::warn!("leader election: {e}"),
             }
             tokio::time::sleep(self.config.retry_every).await;
         }
@@ -132,11 +132,11 @@ impl Elector {
             match self.try_acquire_or_renew().await {
                 Ok(true) => last_ok = std::time::Instant::now(),
                 Ok(false) => {
-                    eprintln!("harness-engine operator: another replica took the leader lease");
+                    tracing::warn!("another replica took the leader lease");
                     return;
                 }
                 Err(e) => {
-                    eprintln!("harness-engine operator: renewing the leader lease: {e}");
+                    tracing::warn!("renewing the leader lease: {e}");
                     if last_ok.elapsed() >= self.config.lease_duration {
                         return;
                     }

@@ -158,7 +158,7 @@ pub async fn feed(
                 }
             }
             Ok(watcher::Event::Delete(p)) => shared.remove(&policy_key(&p)),
-            Err(e) => eprintln!("harness-engine operator: watching MemoryPolicies: {e}"),
+            Err(e) => tracing::warn!("watching MemoryPolicies: {e}"),
         }
     }
 }

@@ -40,6 +40,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::{
     api::{
@@ -51,9 +52,15 @@ use crate::{
 };
 
 pub mod binding;
+pub mod failure;
 pub mod leader;
+pub mod logging;
 pub mod memory_policy;
 pub mod profile;
+
+/// The label Agent Sandbox sets on every pod it creates for a Sandbox (its value a hash
+/// of the Sandbox name); the pod watch selects on its presence.
+pub const SANDBOX_POD_LABEL: &str = "agents.x-k8s.io/sandbox-name-hash";
 
 /// Field manager and event reporter name.
 pub const FIELD_MANAGER: &str = "harness-engine";
@@ -465,6 +472,8 @@ pub struct Context {
     projection_interval: Duration,
     /// Reconcile trace anchors: one per binding until it converges.
     pub anchors: crate::telemetry::spans::ReconcileAnchors,
+    /// Consecutive reconcile failures per object (the backoff, see `failure`).
+    failures: failure::Failures,
 }
 
 impl Context {
@@ -501,6 +510,7 @@ impl Context {
             fences: Mutex::default(),
             projection_interval,
             anchors: crate::telemetry::spans::ReconcileAnchors::new(4096, Duration::from_secs(600)),
+            failures: failure::Failures::default(),
         }
     }
 
@@ -594,10 +604,11 @@ impl Context {
 
     async fn publish_now(&self, reference: &ObjectReference, event: Event) {
         if let Err(e) = self.recorder.publish(&event, reference).await {
-            eprintln!(
-                "harness-engine operator: event {} on {}: {e}",
-                event.reason,
-                reference.name.clone().unwrap_or_default()
+            tracing::warn!(
+                namespace = reference.namespace.as_deref().unwrap_or_default(),
+                name = reference.name.as_deref().unwrap_or_default(),
+                reason = %event.reason,
+                "event not published: {e}"
             );
         }
     }
@@ -750,9 +761,35 @@ where
     }
 }
 
-fn error_policy<K>(_obj: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
-    eprintln!("harness-engine operator: reconcile failed (retrying): {error}");
-    Action::requeue(Duration::from_secs(2))
+/// Runs `reconcile`; after a success, clears what an earlier failure left on the object
+/// (see `failure`).
+async fn observed<K, Fut>(obj: Arc<K>, ctx: Arc<Context>, reconcile: Fut) -> Result<Action, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + failure::HasConditions
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
+    let span = tracing::info_span!(
+        "reconcile",
+        kind = %K::kind(&()),
+        namespace = obj.meta().namespace.as_deref().unwrap_or_default(),
+        name = obj.meta().name.as_deref().unwrap_or_default(),
+    );
+    async move {
+        let result = reconcile.await;
+        // A failure is logged by the error policy, with its category and retry.
+        if let Ok(action) = &result {
+            tracing::debug!(?action, "reconciled");
+            failure::succeeded(&*obj, &ctx).await;
+        }
+        result
+    }
+    .instrument(span)
+    .await
 }
 
 /// Writes `object` (carrying its new status) through the status subresource: a
@@ -913,12 +950,17 @@ where
         .inspect(gate.on_init_done("sandboxes"))
         .touched_objects();
     let (pods, pods_w) = reflector::store::<Pod>();
-    let pod_events = watcher(api::<Pod>(&client, ns), watcher::Config::default())
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(pods_w)
-        .inspect(gate.on_init_done("pods"))
-        .touched_objects();
+    // Only pods Agent Sandbox made (it labels each with its Sandbox's name hash): the
+    // cache holds none of the cluster's other pods.
+    let pod_events = watcher(
+        api::<Pod>(&client, ns),
+        watcher::Config::default().labels(SANDBOX_POD_LABEL),
+    )
+    .default_backoff()
+    .modify(strip_managed_fields)
+    .reflect(pods_w)
+    .inspect(gate.on_init_done("pods"))
+    .touched_objects();
     let (profiles_c, profiles_w) = reflector::store::<SandboxProfile>();
     let profile_events = watcher(
         api::<SandboxProfile>(&client, ns),
@@ -964,7 +1006,11 @@ where
                 .map(|b| ObjectRef::from_obj(&*b))
         })
         .graceful_shutdown_on(shutdown())
-        .run(binding::reconcile, error_policy, ctx.clone())
+        .run(
+            |b, ctx| observed(b.clone(), ctx.clone(), binding::reconcile(b, ctx)),
+            failure::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| futures::future::ready(()));
 
     let profiles = Controller::new(
@@ -973,13 +1019,21 @@ where
     )
     .with_config(cc.clone())
     .graceful_shutdown_on(shutdown())
-    .run(profile::reconcile, error_policy, ctx.clone())
+    .run(
+        |p, ctx| observed(p.clone(), ctx.clone(), profile::reconcile(p, ctx)),
+        failure::error_policy,
+        ctx.clone(),
+    )
     .for_each(|_| futures::future::ready(()));
 
     let policies = Controller::new(api::<MemoryPolicy>(&client, ns), watcher::Config::default())
         .with_config(cc)
         .graceful_shutdown_on(shutdown())
-        .run(memory_policy::reconcile, error_policy, ctx.clone())
+        .run(
+            |p, ctx| observed(p.clone(), ctx.clone(), memory_policy::reconcile(p, ctx)),
+            failure::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| futures::future::ready(()));
 
     tokio::join!(bindings, profiles, policies);
@@ -1096,7 +1150,7 @@ mod tests {
                 woken += 1;
             }
         }
-        eprintln!("woken: {woken} of 16");
+        println!("woken: {woken} of 16");
         assert!(woken < 16);
     }
 }

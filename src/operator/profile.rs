@@ -24,6 +24,9 @@ pub async fn reconcile(profile: Arc<SandboxProfile>, ctx: Arc<Context>) -> Resul
     result
 }
 
+/// Refusals decided by the profile's spec alone: not retried until it changes.
+const SPEC_ONLY: [&str; 1] = ["WarmPoolNamespaceMismatch"];
+
 /// Why a profile is not Ready, or `Ok` with a summary.
 async fn check(
     profile: &SandboxProfile,
@@ -173,6 +176,25 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
         profile.metadata.generation,
         &now,
     );
+    // kstatus: a refused profile needs a person to change it (or what it names).
+    let stalled = !ok && reason != "Disabled";
+    if stalled || conditions::get(&status.conditions, super::failure::STALLED).is_some() {
+        conditions::set(
+            &mut status.conditions,
+            Desired {
+                type_: super::failure::STALLED,
+                status: if stalled { TRUE } else { FALSE },
+                reason: if stalled { reason } else { "Accepted" },
+                message: if stalled {
+                    message.clone()
+                } else {
+                    "the profile is accepted or disabled on purpose".into()
+                },
+            },
+            profile.metadata.generation,
+            &now,
+        );
+    }
     status.observed_generation = profile.metadata.generation;
     if ok {
         status.warm_pool_uid = pool_uid;
@@ -194,6 +216,11 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
                 .await;
         }
     }
-    // Lease counts drift as bindings come and go; look again now and then.
+    // A refusal that only the profile's own spec can cure waits for its next
+    // generation; the others depend on the pool and template too (not watched), and the
+    // lease counts drift as bindings come and go: look again now and then.
+    if SPEC_ONLY.contains(&reason) {
+        return Ok(Action::await_change());
+    }
     Ok(Action::requeue(Duration::from_secs(30)))
 }

@@ -17,6 +17,17 @@ use crate::{
     store::{AppendOutcome, ObjectMeta, StoredEntry, StoredObject, StreamMeta},
 };
 
+/// A field the OpenAPI document publishes as an object: any other JSON value (an array,
+/// a string, a number, `null`) is refused when present. Absent stays `null`.
+pub fn json_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    let v = Value::deserialize(d)?;
+    if v.is_object() {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom("expected a JSON object"))
+    }
+}
+
 pub fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
@@ -161,7 +172,7 @@ impl From<RunOutcome> for Outcome {
 pub struct Terminal {
     pub outcome: Outcome,
     /// Bounded (64 KiB by default); never prompts or tool content.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json_object")]
     #[schema(value_type = Object)]
     pub metadata: Value,
 }
@@ -206,7 +217,7 @@ pub struct NewInterrupt {
     /// Decisions a resume may take, e.g. `approve`, `reject`, `edit`, `respond`.
     pub allowed_decisions: Vec<String>,
     /// Canonical prompt, fields or tool approvals, already redacted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json_object")]
     #[schema(value_type = Object)]
     pub body: Value,
 }
@@ -564,7 +575,7 @@ pub struct ResumeBody {
     /// One of the interrupt's `allowed_decisions`.
     pub decision: String,
     /// Form values or edited arguments (bounded).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json_object")]
     #[schema(value_type = Object)]
     pub response: Value,
 }

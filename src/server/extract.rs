@@ -48,8 +48,28 @@ impl From<AuthError> for ApiError {
     }
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
-    match headers.get(name) {
+/// The one value of a header that must appear at most once. A repeated header is
+/// refused, never resolved to its first or last value: a proxy in front may read the
+/// other one, and then the two disagree about the request (who is calling, which fence).
+pub fn single_header<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<Option<&'a axum::http::HeaderValue>, ApiError> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(repeated_header(name));
+    }
+    Ok(first)
+}
+
+fn repeated_header(name: &str) -> ApiError {
+    ApiError::invalid(format!("header {name} must appear at most once"))
+        .with_details(serde_json::json!({"header": name}))
+}
+
+pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match single_header(headers, name)? {
         None => Ok(None),
         Some(v) => v
             .to_str()
@@ -81,6 +101,17 @@ impl FromRequestParts<AppState> for Authenticated {
 
 async fn authenticate(parts: &Parts, state: &AppState) -> Result<Caller, ApiError> {
     {
+        if parts
+            .headers
+            .get_all(header::AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err(ApiError::unauthenticated(
+                "the Authorization header must appear once",
+            ));
+        }
         let value = header_str(&parts.headers, header::AUTHORIZATION.as_str())
             .map_err(|_| ApiError::unauthenticated("the Authorization header is malformed"))?
             .ok_or_else(|| {
@@ -305,6 +336,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        strict_utf8_query(parts.uri.query().unwrap_or(""))?;
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(v)| ApiQuery(v))
@@ -312,17 +344,55 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
-fn content_type(req: &Request) -> Option<String> {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+/// Every name and value of a query string must percent-decode to valid UTF-8. The
+/// default decoding replaces bad bytes with U+FFFD, so `%FF` and `%FE` would name the
+/// same key; here they are refused instead.
+pub fn strict_utf8_query(query: &str) -> Result<(), ApiError> {
+    for pair in query.split('&') {
+        for part in pair.splitn(2, '=') {
+            let decoded = percent_decode(part.as_bytes())
+                .ok_or_else(|| ApiError::invalid("bad query string: a malformed percent escape"))?;
+            if std::str::from_utf8(&decoded).is_err() {
+                return Err(ApiError::invalid(
+                    "bad query string: names and values must be valid UTF-8 once percent-decoded",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn percent_decode(input: &[u8]) -> Option<Vec<u8>> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        match input[i] {
+            b'%' => {
+                let hi = input.get(i + 1).copied().and_then(hex)?;
+                let lo = input.get(i + 2).copied().and_then(hex)?;
+                out.push(hi << 4 | lo);
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+fn content_type(req: &Request) -> Result<Option<String>, ApiError> {
+    Ok(header_str(req.headers(), header::CONTENT_TYPE.as_str())
+        .map_err(|e| ApiError::new(ErrorCode::UnsupportedMediaType, e.message))?
         .map(|v| {
             v.split(';')
                 .next()
                 .unwrap_or("")
                 .trim()
                 .to_ascii_lowercase()
-        })
+        }))
 }
 
 async fn read_body(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
@@ -338,6 +408,77 @@ async fn read_body(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
         })
 }
 
+/// Deepest nesting of arrays and objects a JSON body may have.
+pub const MAX_JSON_DEPTH: usize = 32;
+/// Most values (scalars, arrays, objects) a JSON body may hold. The largest legitimate
+/// bodies are an embedding (a few thousand numbers) and a 64 KiB metadata object; a
+/// body within the byte limit could otherwise hold millions of tiny values, each one a
+/// tree node in memory before any field limit is checked.
+pub const MAX_JSON_VALUES: usize = 32 << 10;
+
+/// Checks the structure of a JSON text in one pass over its bytes, allocating nothing:
+/// nesting depth and value count are bounded before a tree is built. Syntax errors are
+/// left to the parser, which runs next.
+pub fn json_shape(bytes: &[u8], max_depth: usize, max_values: usize) -> Result<(), ApiError> {
+    let mut depth = 0usize;
+    let mut values = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    // A value starts at a scalar's first byte or an opening bracket; count those only
+    // outside strings: after `[`, `,` or `:`, or at the start.
+    let mut expect_value = true;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b' ' | b'\t' | b'\n' | b'\r' => continue,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max_depth {
+                    return Err(too_complex("nesting depth", max_depth));
+                }
+            }
+            b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                expect_value = false;
+                continue;
+            }
+            b',' | b':' => {
+                expect_value = true;
+                continue;
+            }
+            _ => {}
+        }
+        if expect_value {
+            values += 1;
+            if values > max_values {
+                return Err(too_complex("values", max_values));
+            }
+        }
+        if b == b'"' {
+            in_string = true;
+        }
+        expect_value = matches!(b, b'[' | b'{');
+    }
+    Ok(())
+}
+
+fn too_complex(what: &str, limit: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::TooLarge,
+        format!("the JSON body exceeds {limit} {what}"),
+    )
+    .with_details(serde_json::json!({"what": format!("JSON {what}"), "limit": limit}))
+}
+
 /// A JSON body (`application/json`), bounded by the server's body limit.
 pub struct ApiJson<T>(pub T);
 
@@ -345,7 +486,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        match content_type(&req).as_deref() {
+        match content_type(&req)?.as_deref() {
             Some("application/json") => {}
             Some(ct) if ct.starts_with("application/") && ct.ends_with("+json") => {}
             _ => {
@@ -356,6 +497,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             }
         }
         let bytes = read_body(req, state).await?;
+        json_shape(&bytes, MAX_JSON_DEPTH, MAX_JSON_VALUES)?;
         serde_json::from_slice(&bytes)
             .map(ApiJson)
             .map_err(|e| ApiError::invalid(format!("bad JSON body: {e}")))
@@ -370,7 +512,7 @@ impl FromRequest<AppState> for OpaqueBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        if content_type(&req).as_deref() != Some("application/octet-stream") {
+        if content_type(&req)?.as_deref() != Some("application/octet-stream") {
             return Err(ApiError::new(
                 ErrorCode::UnsupportedMediaType,
                 "the request body must be application/octet-stream",

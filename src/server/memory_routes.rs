@@ -436,9 +436,7 @@ pub struct MemoryCallHeaders {
 }
 
 fn header_u64(parts: &Parts, name: &str) -> Result<Option<u64>, ApiError> {
-    parts
-        .headers
-        .get(name)
+    super::extract::single_header(&parts.headers, name)?
         .map(|v| {
             v.to_str()
                 .ok()
@@ -452,9 +450,7 @@ impl<S: Send + Sync> FromRequestParts<S> for MemoryCallHeaders {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        let binding = parts
-            .headers
-            .get(BINDING)
+        let binding = super::extract::single_header(&parts.headers, BINDING)?
             .map(|v| {
                 v.to_str().ok().and_then(BindingId::parse).ok_or_else(|| {
                     ApiError::invalid("Harness-Binding must be hb_ and 32 hex digits")

@@ -252,7 +252,18 @@ fn export_runtime() -> Result<&'static tokio::runtime::Runtime, TelemetryError> 
 /// Starts telemetry from the process environment (`OTEL_*`). The single call a binary
 /// makes at start-up; keep the returned value alive until exit.
 pub fn init() -> Result<Telemetry, TelemetryError> {
+    init_with_logs(None)
+}
+
+/// [`init`], with a log layer (the operator's `tracing` log) in the same subscriber.
+pub fn init_with_logs(
+    logs: Option<Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>>,
+) -> Result<Telemetry, TelemetryError> {
     let Some(settings) = settings_from(|k| std::env::var(k).ok())? else {
+        if let Some(logs) = logs {
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(logs))
+                .map_err(|_| TelemetryError::AlreadyInstalled)?;
+        }
         return Ok(Telemetry::disabled());
     };
     let runtime = export_runtime()?;
@@ -309,7 +320,7 @@ pub fn init() -> Result<Telemetry, TelemetryError> {
         .with_target(false)
         .with_tracked_inactivity(false)
         .with_filter(Targets::new().with_target(spans::TARGET, tracing::Level::INFO));
-    let subscriber = tracing_subscriber::registry().with(layer);
+    let subscriber = tracing_subscriber::registry().with(logs).with(layer);
     tracing::subscriber::set_global_default(subscriber)
         .map_err(|_| TelemetryError::AlreadyInstalled)?;
     stats().enable();

@@ -214,6 +214,24 @@ pub async fn run(
         );
     }
 
+    // The operator watches only pods carrying Agent Sandbox's label: the workers do.
+    for name in &names {
+        let b = bindings.get(name).await.expect("binding");
+        let pod_name = b
+            .status
+            .and_then(|s| s.lease)
+            .and_then(|l| l.worker_pod_name)
+            .expect("worker pod name");
+        let pod = pods.get(&pod_name).await.expect("worker pod");
+        assert!(
+            pod.labels()
+                .contains_key(harness_engine::operator::SANDBOX_POD_LABEL),
+            "worker pod {pod_name} lacks {}: {:?}",
+            harness_engine::operator::SANDBOX_POD_LABEL,
+            pod.labels()
+        );
+    }
+
     let seen: Arc<Mutex<HashMap<String, Vec<Seen>>>> = Arc::default();
     let watch = {
         let seen = seen.clone();

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# The production path on the real node (e2e/scripts/realnode.sh up first; `source
+# $RUN/env`): the chart installed with the image built from ./Dockerfile, the operator
+# running as a pod under the chart's ServiceAccount and RBAC only, the webhook reached by
+# the API server through its Service, a binding leasing a real sandbox pod that runs the
+# example worker (examples/worker) and commits its checkpoints with its projected token;
+# the worker pod deleted and the replacement resuming from the durable head; helm upgrade
+# to a changed image keeping the binding and its head; helm uninstall (after the bindings
+# are deleted) leaving no claim, Sandbox or worker pod behind.
+#
+# Every check prints what it saw; the first failure prints the operator's log and exits 1.
+set -euo pipefail
+: "${KUBECONFIG:?source the real node env first (e2e/scripts/realnode.sh up)}"
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+K() { "$HARNESS_E2E_BIN/kubectl" "$@"; }
+HELM=$("$repo/e2e/scripts/build-tools.sh")/helm
+home=$(mktemp -d); trap 'rm -rf "$home"' EXIT
+export HELM_CACHE_HOME=$home/c HELM_CONFIG_HOME=$home/f HELM_DATA_HOME=$home/d
+NS=harness-engine-system APP=team-a
+T0=$(date +%s.%N)
+say() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - $T0" | bc)" "$*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  K -n $NS logs deploy/harness-engine --tail=60 >&2 2>/dev/null || true
+  K -n $APP get harnessbindings,sandboxclaims,sandboxes,pods -o wide >&2 2>/dev/null || true
+  exit 1
+}
+until_ok() { # seconds what cmd...
+  local deadline=$(($(date +%s) + $1)) what=$2; shift 2
+  until "$@" >/dev/null 2>&1; do (($(date +%s) < deadline)) || fail "$what (after ${deadline}s)"; sleep 0.5; done
+}
+
+# The embedded store's volume: a hostPath PersistentVolume pre-bound to the chart's claim
+# (there is no provisioner on this node), writable by the image's 65532.
+pv_dir=$HARNESS_E2E_RUN/pv/harness-engine-data
+rm -rf "$pv_dir"; mkdir -p "$pv_dir"; chown 65532:65532 "$pv_dir"
+K apply -f - >/dev/null <<EOF2
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: harness-engine-data-e2e}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Delete
+  storageClassName: ""
+  claimRef: {namespace: $NS, name: harness-engine-data}
+  hostPath: {path: $pv_dir, type: Directory}
+EOF2
+
+# 1. helm install: the operator image built from ./Dockerfile (imported, never pulled).
+say "helm install"
+"$HELM" install harness-engine "$repo/charts/harness-engine" -n $NS --create-namespace \
+  --set image.repository=localhost/harness-engine/operator --set image.tag=dev --set image.pullPolicy=Never \
+  --set store.persistence.size=1Gi --wait --timeout 180s >/dev/null || fail "helm install"
+sa=$(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.serviceAccountName}')
+[[ $sa == harness-engine ]] || fail "operator runs as $sa"
+say "operator Ready as ServiceAccount $NS/$sa ($(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.containerStatuses[0].imageID}'))"
+# The chart's ClusterRole is the only grant: no cluster-admin binding names the SA.
+if K get clusterrolebindings -o json | grep -q "\"name\": \"$sa\"" && \
+   [[ $(K get clusterrolebindings -o jsonpath="{range .items[?(@.subjects[0].name==\"$sa\")]}{.roleRef.name}{\"\\n\"}{end}") != harness-engine-operator ]]; then
+  fail "the operator's ServiceAccount is bound to more than the chart's ClusterRole"
+fi
+
+# 2. The data plane Service (no cluster DNS on this node: workers get the ClusterIP).
+api=$(K -n $NS get svc harness-engine -o jsonpath='{.spec.clusterIP}')
+K create namespace $APP >/dev/null
+K -n $APP apply -f - >/dev/null <<EOF2
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: harness-worker}
+automountServiceAccountToken: false
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxTemplate
+metadata: {name: python-worker}
+spec:
+  podTemplate:
+    metadata:
+      labels: {app.kubernetes.io/name: harness-worker}
+      annotations: {harness-engine.dev/worker-protocol-version: "1"}
+    spec:
+      serviceAccountName: harness-worker
+      automountServiceAccountToken: false
+      nodeSelector: {type: real}
+      containers:
+      - name: worker
+        image: localhost/harness-engine/worker:dev
+        imagePullPolicy: Never
+        env:
+        - {name: HARNESS_ENGINE_ENDPOINT, value: "http://$api:8080"}
+        - {name: HARNESS_ENGINE_TOKEN_FILE, value: /var/run/secrets/harness-engine/token}
+        readinessProbe: {httpGet: {path: /healthz, port: 8000}, periodSeconds: 1}
+        resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
+        volumeMounts: [{name: harness-engine-token, mountPath: /var/run/secrets/harness-engine, readOnly: true}]
+      volumes:
+      - name: harness-engine-token
+        projected:
+          sources: [{serviceAccountToken: {audience: harness-engine, expirationSeconds: 3600, path: token}}]
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxWarmPool
+metadata: {name: python-worker}
+spec: {replicas: 1, sandboxTemplateRef: {name: python-worker}}
+EOF2
+say "warm pool created; waiting for a warm worker pod"
+until_ok 120 "no Ready warm worker pod" K -n $APP wait --for=condition=Ready pod -l app.kubernetes.io/name=harness-worker --timeout=2s
+digest=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].status.containerStatuses[0].imageID}')
+digest=sha256:${digest##*sha256:}
+say "worker image $digest"
+
+# 3. The profile (its digest is the worker image's, as the kubelet reports it).
+K -n $APP apply -f - >/dev/null <<EOF2 || fail "profile refused"
+apiVersion: harness-engine.dev/v1alpha1
+kind: SandboxProfile
+metadata: {name: python-worker}
+spec:
+  warmPoolRef: {name: python-worker}
+  allowedHarnessIds: [deepagents]
+  allowedWorkerImageDigests: ["$digest"]
+  adapterVersion: "1.0.0"
+  workerProtocolVersions: [1]
+  egressPolicyClass: data-plane-only
+  timeouts: {claimReadinessDeadline: 2m, turnTimeout: 15m, idleTTL: 6h, maxLifetime: 12h}
+  hibernation: never
+EOF2
+
+# 4. The webhook through its Service: a binding whose options carry a credential is
+# refused by the operator's webhook (a rule CEL cannot express).
+bad=$(K -n $APP apply -f - 2>&1 <<EOF2 || true
+apiVersion: harness-engine.dev/v1alpha1
+kind: HarnessBinding
+metadata: {name: leaky}
+spec:
+  agentId: research-assistant
+  conversationId: conv-leaky
+  subjectRef: hmac-sha256:5f0c6c8f3f5b0e1c2a9d4b7e8f6a1c3d2e4b5a6978c0d1e2f3a4b5c6d7e8f901
+  harness: {id: deepagents, contractVersion: 1, options: {apiKey: sk-live-0123456789abcdef}}
+  sandboxProfileRef: {name: python-worker}
+  epoch: 0
+EOF2
+)
+echo "$bad" | grep -q 'admission webhook "harnessbindings.harness-engine.dev" denied' || fail "webhook did not answer: $bad"
+say "webhook (API server -> Service harness-engine-webhook -> operator pod) refused: $(echo "$bad" | head -1 | cut -c1-200)"
+
+# A binding (the test applies it, as a chat backend's bind would create it).
+K -n $APP apply -f - >/dev/null <<EOF2 || fail "binding refused"
+apiVersion: harness-engine.dev/v1alpha1
+kind: HarnessBinding
+metadata: {name: conversation-1}
+spec:
+  agentId: research-assistant
+  conversationId: conv-0001
+  subjectRef: hmac-sha256:5f0c6c8f3f5b0e1c2a9d4b7e8f6a1c3d2e4b5a6978c0d1e2f3a4b5c6d7e8f901
+  harness: {id: deepagents, contractVersion: 1}
+  sandboxProfileRef: {name: python-worker}
+  epoch: 0
+EOF2
+ready() { [[ $(K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+gen() { K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.lease.generation}'; }
+until_ok 120 "binding not Ready" ready
+bid=$(K -n $APP get harnessbinding conversation-1 -o jsonpath='{.metadata.labels.harness-engine\.dev/binding-id}')
+worker_pod() { K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.lease.workerPodName}'; }
+pod=$(worker_pod)
+[[ -n $pod ]] || pod=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].metadata.name}')
+say "binding $bid Ready at generation $(gen), worker pod $pod"
+
+turn() { # pod message -> prints the JSON reply
+  local ip; ip=$(K -n $APP get pod "$1" -o jsonpath='{.status.podIP}')
+  curl -sS --max-time 60 -H 'Content-Type: application/json' \
+    -d "{\"binding_id\":\"$bid\",\"message\":\"$2\"}" "http://$ip:8000/turns"
+}
+out=$(turn "$pod" hello) || fail "turn 1: $out"
+echo "$out" | grep -q '"reply": "turn 1: hello"' || fail "turn 1: $out"
+say "turn 1 committed by the worker: $out"
+
+# 5. The worker pod is deleted: a new generation, a new pod, resuming from the head.
+g1=$(gen)
+K -n $APP delete pod "$pod" --wait=false >/dev/null
+replaced() { ready && [[ $(gen) -gt $g1 ]]; }
+until_ok 180 "binding not replaced after the pod was deleted" replaced
+pod2=$(worker_pod)
+[[ -n $pod2 && $pod2 != "$pod" ]] || pod2=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker --field-selector=status.phase=Running -o jsonpath='{.items[0].metadata.name}')
+until_ok 60 "replacement pod not Ready" K -n $APP wait --for=condition=Ready pod/"$pod2" --timeout=2s
+out=$(turn "$pod2" again) || fail "turn 2: $out"
+echo "$out" | grep -q '"reply": "turn 2: again"' || fail "turn 2 did not resume from the head: $out"
+say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
+
+# 6. helm upgrade to a changed image (same binary, new tag): the binding and its head stay.
+ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io images tag --force \
+  localhost/harness-engine/operator:dev localhost/harness-engine/operator:dev-upgrade >/dev/null
+g2=$(gen)
+"$HELM" upgrade harness-engine "$repo/charts/harness-engine" -n $NS --reuse-values \
+  --set image.tag=dev-upgrade --wait --timeout 180s >/dev/null || fail "helm upgrade"
+[[ $(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.containers[0].image}') == *:dev-upgrade ]] || fail "upgrade did not change the image"
+until_ok 60 "binding not Ready after the upgrade" ready
+out=$(turn "$pod2" upgraded) || fail "turn 3: $out"
+echo "$out" | grep -q '"reply": "turn 3: upgraded"' || fail "turn 3 after upgrade: $out"
+say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head: $out"
+
+# 7. Bindings deleted (their finalizer releases claims), then helm uninstall.
+K -n $APP delete harnessbinding conversation-1 --timeout=120s >/dev/null || fail "binding not deleted"
+K -n $APP delete sandboxwarmpool python-worker --timeout=60s >/dev/null
+"$HELM" uninstall harness-engine -n $NS --wait --timeout 120s >/dev/null || fail "helm uninstall"
+gone() { [[ -z $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null) ]] && [[ -z $(K -n $NS get pods -o name 2>/dev/null) ]]; }
+until_ok 120 "left behind: $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null | tr '\n' ' ')" gone
+say "helm uninstall: no claim, Sandbox or pod left"
+K delete namespace $APP --wait=false >/dev/null
+K delete pv harness-engine-data-e2e --wait=false >/dev/null 2>&1 || true
+echo "production path: passed in $(printf '%.1f' "$(echo "$(date +%s.%N) - $T0" | bc)")s"
