@@ -47,7 +47,7 @@ type Summary struct {
 // Expected refusal codes: what the model can explain. Anything else is reported.
 var expectedCodes = map[string]bool{
 	"stale_epoch": true, "stale_lease": true, "revision_conflict": true, "conflict": true,
-	"not_found": true, "invalid": true, "rate_limited": true,
+	"not_found": true, "invalid": true, "rate_limited": true, "unreachable": true,
 }
 
 func readHistory(r io.Reader) ([]Op, error) {
