@@ -357,8 +357,10 @@ async fn nemesis(
     if sys.backend == Backend::Mongo {
         kinds.extend([Fault::KillFerret, Fault::PauseFerret]);
     }
-    let mut first = kinds.clone();
+    // A server kill first (every run has one), then the other kinds in a seeded order.
+    let mut first = kinds[1..].to_vec();
     first.shuffle(&mut rng);
+    first.insert(0, Fault::KillEngine);
     let mut counts = BTreeMap::new();
     let mut n = 0;
     loop {

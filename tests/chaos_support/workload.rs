@@ -190,11 +190,6 @@ pub fn rng_for(seed: u64, client: usize) -> StdRng {
     StdRng::seed_from_u64(seed ^ (client as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-async fn think(rng: &mut StdRng, max_ms: u64) {
-    let ms = rng.random_range(0..=max_ms);
-    tokio::time::sleep(Duration::from_millis(ms)).await;
-}
-
 fn fence_headers(request: RequestBuilder, fence: Fence) -> RequestBuilder {
     request
         .header("Harness-Epoch", fence.epoch.to_string())
@@ -218,7 +213,15 @@ pub async fn worker(
     let mut n = 0u64;
     let base = format!("{}/v1/bindings/{}", api.base, binding.id.as_str());
     while !stop.load(Ordering::Relaxed) {
-        think(&mut rng, 40).await;
+        // Every draw is made on every turn, so the seed alone fixes each client's
+        // sequence of operations, keys, modes and pauses (the values sent follow what the
+        // client saw).
+        let pause = rng.random_range(0..=40u64);
+        let stale = rng.random_range(0..100u32);
+        let roll = rng.random_range(0..100u32);
+        let k = rng.random_range(0..object_keys);
+        let mode_roll = rng.random_range(0..10u32);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
         n += 1;
         let mut fence = binding.fence();
         if fence.epoch != seen_epoch {
@@ -226,9 +229,9 @@ pub async fn worker(
             revision = 0;
             versions.iter_mut().for_each(|v| *v = 0);
         }
-        // Now and then present an older fence on purpose: it must be refused.
-        if rng.random_bool(0.05) {
-            if fence.generation > 1 && rng.random_bool(0.7) {
+        // One turn in twenty presents an older fence on purpose: it must be refused.
+        if stale < 5 {
+            if fence.generation > 1 && stale < 4 {
                 fence.generation -= 1;
             } else if fence.epoch > 0 {
                 fence.epoch -= 1;
@@ -239,7 +242,6 @@ pub async fn worker(
             r#gen: fence.generation,
             ..Input::default()
         };
-        let roll = rng.random_range(0..100);
         let (f, reply, call, ret) = if roll < 25 {
             let (reply, call, ret) = api
                 .send(fence_headers(
@@ -263,10 +265,8 @@ pub async fn worker(
             let (reply, call, ret) = api.send(fence_headers(request, fence)).await;
             ("commit", reply, call, ret)
         } else if roll < 75 {
-            let k = rng.random_range(0..object_keys);
             input.key = format!("o{k}");
             input.val = format!("v{client}-{n}");
-            let mode_roll = rng.random_range(0..10);
             let mut request = api
                 .http
                 .put(format!("{base}/objects/item?key={}", input.key))
@@ -286,7 +286,6 @@ pub async fn worker(
             let (reply, call, ret) = api.send(fence_headers(request, fence)).await;
             ("oput", reply, call, ret)
         } else {
-            let k = rng.random_range(0..object_keys);
             input.key = format!("o{k}");
             let request = api
                 .http
@@ -470,11 +469,11 @@ pub async fn operator(
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         let wait = rng.random_range(300..1500);
+        let clear = rng.random_bool(0.15);
         tokio::time::sleep(Duration::from_millis(wait)).await;
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let clear = rng.random_bool(0.15);
         control_step(&api, &control, &binding, client, &mut op, clear).await;
         n += 1;
     }
@@ -496,9 +495,10 @@ pub async fn memory_client(
     let mut n = 0;
     let url = format!("{}/v1/memory/user/records", api.base);
     while !stop.load(Ordering::Relaxed) {
-        think(&mut rng, 60).await;
-        n += 1;
+        let pause = rng.random_range(0..=60u64);
         let put = rng.random_bool(0.5);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        n += 1;
         memory_op(
             &api,
             &binding,
