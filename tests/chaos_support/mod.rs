@@ -155,23 +155,24 @@ pub struct RunReport {
     pub checker: Value,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fault {
-    KillEngine,
-    PauseEngine,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    KillServer,
+    PauseServer,
     DiskFull,
-    KillFerret,
-    PauseFerret,
+    KillFerretdb,
+    PauseFerretdb,
 }
 
 impl Fault {
     fn name(self) -> &'static str {
         match self {
-            Fault::KillEngine => "kill-server",
-            Fault::PauseEngine => "pause-server",
+            Fault::KillServer => "kill-server",
+            Fault::PauseServer => "pause-server",
             Fault::DiskFull => "disk-full",
-            Fault::KillFerret => "kill-ferretdb",
-            Fault::PauseFerret => "pause-ferretdb",
+            Fault::KillFerretdb => "kill-ferretdb",
+            Fault::PauseFerretdb => "pause-ferretdb",
         }
     }
 }
@@ -269,69 +270,43 @@ impl System {
         }
     }
 
-    async fn inject(
-        &mut self,
-        fault: Fault,
-        rng: &mut impl Rng,
-        rec: &Recorder,
-        gate: &RwLock<()>,
-    ) {
-        match fault {
-            Fault::KillEngine => {
-                let gap = Duration::from_millis(rng.random_range(200..1200));
-                rec.fault(
-                    fault.name(),
-                    format!("restart after {} ms", gap.as_millis()),
-                );
-                self.restart_engine(rec, gate, gap).await;
+    async fn inject(&mut self, step: &Planned, rec: &Recorder, gate: &RwLock<()>) {
+        let time = Duration::from_millis(step.ms);
+        match step.fault {
+            Fault::KillServer => {
+                rec.fault(step.fault.name(), format!("restart after {} ms", step.ms));
+                self.restart_engine(rec, gate, time).await;
             }
-            Fault::PauseEngine => {
-                let pause = Duration::from_millis(rng.random_range(200..6000));
-                rec.fault(
-                    fault.name(),
-                    format!("SIGSTOP for {} ms", pause.as_millis()),
-                );
+            Fault::PauseServer => {
+                rec.fault(step.fault.name(), format!("SIGSTOP for {} ms", step.ms));
                 self.engine.pause();
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(time).await;
                 self.engine.resume();
             }
             Fault::DiskFull => {
-                let hold = Duration::from_millis(rng.random_range(500..3000));
                 if let Some(disk) = &self.disk {
                     let filled = disk.fill();
                     rec.fault(
-                        fault.name(),
-                        format!(
-                            "{} MiB of ballast, held {} ms",
-                            filled >> 20,
-                            hold.as_millis()
-                        ),
+                        step.fault.name(),
+                        format!("{} MiB of ballast, held {} ms", filled >> 20, step.ms),
                     );
-                    tokio::time::sleep(hold).await;
+                    tokio::time::sleep(time).await;
                     disk.free();
                 }
             }
-            Fault::KillFerret => {
-                let gap = Duration::from_millis(rng.random_range(300..2000));
-                rec.fault(
-                    fault.name(),
-                    format!("restart after {} ms", gap.as_millis()),
-                );
+            Fault::KillFerretdb => {
+                rec.fault(step.fault.name(), format!("restart after {} ms", step.ms));
                 if let Some(ferret) = &mut self.ferret {
                     ferret.kill();
                 }
-                tokio::time::sleep(gap).await;
+                tokio::time::sleep(time).await;
                 self.start_ferret().await;
             }
-            Fault::PauseFerret => {
-                let pause = Duration::from_millis(rng.random_range(200..5000));
-                rec.fault(
-                    fault.name(),
-                    format!("SIGSTOP for {} ms", pause.as_millis()),
-                );
+            Fault::PauseFerretdb => {
+                rec.fault(step.fault.name(), format!("SIGSTOP for {} ms", step.ms));
                 if let Some(ferret) = &mut self.ferret {
                     ferret.pause();
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(time).await;
                     ferret.resume();
                 }
             }
@@ -340,42 +315,64 @@ impl System {
     }
 }
 
-/// The fault schedule: every kind once in a seeded order, then seeded picks, with a
-/// seeded pause before each.
+/// One planned fault: when it starts (ms after the clients start), what, and how long
+/// it lasts (the pause, the hold, or the time until the restart).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Planned {
+    pub at_ms: u64,
+    pub fault: Fault,
+    pub ms: u64,
+}
+
+/// The fault schedule, fixed by the seed and the duration: a server kill first (every
+/// run has one), then every other kind once in a seeded order, then seeded picks; a
+/// seeded quiet spell of 0.5 to 2.5 s before each; nothing that would end after the run.
+pub fn plan(seed: u64, kinds: &[Fault], duration_ms: u64) -> Vec<Planned> {
+    let mut rng = workload::rng_for(seed, 9999);
+    let mut order = kinds[1..].to_vec();
+    order.shuffle(&mut rng);
+    order.insert(0, kinds[0]);
+    let mut plan = Vec::new();
+    let mut at = 0;
+    for n in 0.. {
+        let pick = rng.random_range(0..kinds.len());
+        let fault = order.get(n).copied().unwrap_or(kinds[pick]);
+        let wait = rng.random_range(500..2500);
+        let ms = match fault {
+            Fault::KillServer => rng.random_range(200..1200),
+            Fault::PauseServer => rng.random_range(200..6000),
+            Fault::DiskFull => rng.random_range(500..3000),
+            Fault::KillFerretdb => rng.random_range(300..2000),
+            Fault::PauseFerretdb => rng.random_range(200..5000),
+        };
+        at += wait;
+        if at + ms >= duration_ms {
+            break;
+        }
+        plan.push(Planned {
+            at_ms: at,
+            fault,
+            ms,
+        });
+        at += ms;
+    }
+    plan
+}
+
+/// Runs the plan (a step starts on time, or at once when restarts ran late), healing
+/// everything after each step.
 async fn nemesis(
     mut sys: System,
-    seed: u64,
-    deadline: Instant,
+    plan: Vec<Planned>,
+    start: Instant,
     rec: Arc<Recorder>,
     gate: Arc<RwLock<()>>,
 ) -> (System, BTreeMap<String, u32>) {
-    let mut rng = workload::rng_for(seed, 9999);
-    let mut kinds = vec![Fault::KillEngine, Fault::PauseEngine];
-    if sys.disk.is_some() {
-        kinds.push(Fault::DiskFull);
-    }
-    if sys.backend == Backend::Mongo {
-        kinds.extend([Fault::KillFerret, Fault::PauseFerret]);
-    }
-    // A server kill first (every run has one), then the other kinds in a seeded order.
-    let mut first = kinds[1..].to_vec();
-    first.shuffle(&mut rng);
-    first.insert(0, Fault::KillEngine);
     let mut counts = BTreeMap::new();
-    let mut n = 0;
-    loop {
-        let wait = Duration::from_millis(rng.random_range(500..2500));
-        if Instant::now() + wait >= deadline {
-            break;
-        }
-        tokio::time::sleep(wait).await;
-        let fault = first
-            .get(n)
-            .copied()
-            .unwrap_or_else(|| kinds[rng.random_range(0..kinds.len())]);
-        n += 1;
-        sys.inject(fault, &mut rng, &rec, &gate).await;
-        *counts.entry(fault.name().to_owned()).or_insert(0) += 1;
+    for step in &plan {
+        tokio::time::sleep_until((start + Duration::from_millis(step.at_ms)).into()).await;
+        sys.inject(step, &rec, &gate).await;
+        *counts.entry(step.fault.name().to_owned()).or_insert(0) += 1;
         sys.heal(&rec, &gate).await;
     }
     (sys, counts)
@@ -627,7 +624,8 @@ async fn run_async(config: Config) -> RunReport {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
-    let deadline = Instant::now() + Duration::from_secs(config.duration_s);
+    let clients_started = Instant::now();
+    let deadline = clients_started + Duration::from_secs(config.duration_s);
     let mut workers = Vec::new();
     let mut operators = Vec::new();
     for b in &bindings {
@@ -663,10 +661,23 @@ async fn run_async(config: Config) -> RunReport {
             )));
         }
     }
+    let mut kinds = vec![Fault::KillServer, Fault::PauseServer];
+    if sys.disk.is_some() {
+        kinds.push(Fault::DiskFull);
+    }
+    if config.backend == Backend::Mongo {
+        kinds.extend([Fault::KillFerretdb, Fault::PauseFerretdb]);
+    }
+    let schedule = plan(config.seed, &kinds, config.duration_s * 1000);
+    std::fs::write(
+        out_dir.join("schedule.json"),
+        serde_json::to_string_pretty(&schedule).expect("schedule"),
+    )
+    .expect("writing the schedule");
     let injector = tokio::spawn(nemesis(
         sys,
-        config.seed,
-        deadline,
+        schedule,
+        clients_started,
         rec.clone(),
         gate.clone(),
     ));
