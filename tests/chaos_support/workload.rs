@@ -74,6 +74,12 @@ impl Api {
     /// Sends, timing the call: returns the reply and the invocation and response times.
     pub async fn send(&self, request: RequestBuilder) -> (Reply, i64, i64) {
         let _guard = self.gate.read().await;
+        self.send_held(request).await
+    }
+
+    /// [`Api::send`] for a caller that already holds a read guard of `gate` (several
+    /// requests that make up one recorded operation).
+    pub async fn send_held(&self, request: RequestBuilder) -> (Reply, i64, i64) {
         let call = self.rec.now();
         let reply = classify(request.bearer_auth(&self.token).send().await).await;
         let ret = self.rec.now();
@@ -221,6 +227,7 @@ pub async fn worker(
         let roll = rng.random_range(0..100u32);
         let k = rng.random_range(0..object_keys);
         let mode_roll = rng.random_range(0..10u32);
+        let two_step = rng.random_range(0..10u32) < 3;
         tokio::time::sleep(Duration::from_millis(pause)).await;
         n += 1;
         let mut fence = binding.fence();
@@ -250,6 +257,50 @@ pub async fn worker(
                 ))
                 .await;
             ("head", reply, call, ret)
+        } else if roll < 55 && two_step {
+            // Steps 3 and 4 of the protocol as two requests: a pending write, then the
+            // commit of that state. Recorded as one commit from the first request's
+            // invocation to the second's response; a pending write alone changes nothing
+            // the model sees, so when it fails without a definite refusal the commit was
+            // never sent and nothing is recorded.
+            let run = format!("r{client}-{n}");
+            input.expect = revision;
+            input.val = run.clone();
+            let guard = api.gate.read().await;
+            let pending = api
+                .http
+                .post(format!("{base}/state/pending"))
+                .header("Idempotency-Key", format!("pending-{client}-{n}"))
+                .header("Content-Type", "application/octet-stream")
+                .body(run.clone().into_bytes());
+            let (reply, call, ret) = api.send_held(fence_headers(pending, fence)).await;
+            let state_id = match &reply {
+                Reply::Ok { body, .. } => serde_json::from_slice::<Value>(body)
+                    .ok()
+                    .and_then(|v| Some(v.get("state_id")?.as_str()?.to_owned())),
+                _ => None,
+            };
+            match (&reply, state_id) {
+                (Reply::Ok { .. }, Some(state_id)) => {
+                    let commit = api
+                        .http
+                        .post(format!("{base}/state/commit"))
+                        .header("Idempotency-Key", format!("commit-{client}-{n}"))
+                        .json(&json!({
+                            "state_id": state_id,
+                            "expected_revision": revision,
+                            "run_id": run,
+                        }));
+                    let (reply, _, ret) = api.send_held(fence_headers(commit, fence)).await;
+                    drop(guard);
+                    ("commit", reply, call, ret)
+                }
+                (Reply::Refused { .. } | Reply::Unreachable, _) => {
+                    drop(guard);
+                    ("commit", reply, call, ret)
+                }
+                _ => continue,
+            }
         } else if roll < 55 {
             let run = format!("r{client}-{n}");
             input.expect = revision;
