@@ -41,7 +41,7 @@ use tokio::sync::RwLock;
 
 use history::Recorder;
 use system::{Control, Disk, Proc, free_port, wait_port, wait_ready};
-use workload::{Api, BindingState, Fence};
+use workload::{Api, BindingState, Eras, Fence, MemoryKey};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -76,6 +76,8 @@ pub struct Config {
     pub object_keys: usize,
     pub memory_keys: usize,
     pub memory_clients_per_key: usize,
+    /// The clients move to fresh bindings and memory records every `era_s` seconds.
+    pub era_s: u64,
     /// Size of the data filesystem.
     pub disk_mib: u64,
     /// The test function that re-runs as the MongoDB node.
@@ -94,12 +96,14 @@ impl Config {
             object_keys: 2,
             memory_keys: 2,
             memory_clients_per_key: 2,
+            era_s: 300,
             disk_mib: if duration_s > 600 { 512 } else { 96 },
             node_test,
         }
     }
 
-    /// `CHAOS_SEED` (default: from the clock, printed), `CHAOS_DURATION` in seconds.
+    /// `CHAOS_SEED` (default: from the clock, printed), `CHAOS_DURATION` (`90s`, `15m`,
+    /// `1h`), `CHAOS_ERA` (how long the clients stay on one set of bindings; 5 minutes).
     pub fn from_env(backend: Backend, default_duration_s: u64, node_test: &'static str) -> Self {
         let seed = std::env::var("CHAOS_SEED")
             .ok()
@@ -118,7 +122,11 @@ impl Config {
             .filter(|s| !s.is_empty())
             .map(|s| parse_duration(&s))
             .unwrap_or(default_duration_s);
-        Config::new(backend, seed, duration, node_test)
+        let mut config = Config::new(backend, seed, duration, node_test);
+        if let Some(era) = std::env::var("CHAOS_ERA").ok().filter(|s| !s.is_empty()) {
+            config.era_s = parse_duration(&era).max(1);
+        }
+        config
     }
 }
 
@@ -588,62 +596,88 @@ async fn run_async(config: Config) -> RunReport {
         },
     };
 
-    // Bindings: created before the run, each at epoch 0, generation 1.
-    let mut bindings = Vec::new();
-    for i in 0..config.bindings {
-        let response = http
-            .post(format!("{base}/v1/bindings"))
-            .bearer_auth(&api.token)
-            .header("Idempotency-Key", format!("bind-{i}"))
-            .json(&json!({"agent_id": "chaos-agent", "conversation_id": format!("conv-{i}"), "harness": "strands"}))
-            .send()
-            .await
-            .expect("bind");
-        assert!(
-            response.status().is_success(),
-            "bind: {}",
-            response.status()
+    // Bindings and memory records of every era, created before the run; a binding
+    // starts at epoch 0, generation 1 (the model's initial state).
+    let eras_n = usize::try_from(config.duration_s.div_ceil(config.era_s).max(1)).unwrap_or(1);
+    let mut era_bindings = Vec::new();
+    let mut era_memory = Vec::new();
+    for era in 0..eras_n {
+        let mut list = Vec::new();
+        for b in 0..config.bindings {
+            let i = era * config.bindings + b;
+            let response = http
+                .post(format!("{base}/v1/bindings"))
+                .bearer_auth(&api.token)
+                .header("Idempotency-Key", format!("bind-{i}"))
+                .json(&json!({"agent_id": "chaos-agent", "conversation_id": format!("conv-{i}"), "harness": "strands"}))
+                .send()
+                .await
+                .expect("bind");
+            assert!(
+                response.status().is_success(),
+                "bind: {}",
+                response.status()
+            );
+            let v: Value = response.json().await.expect("binding json");
+            assert_eq!(
+                (v["epoch"].as_u64(), v["lease_generation"].as_u64()),
+                (Some(0), Some(1)),
+                "a new binding starts at epoch 0, generation 1: {v}"
+            );
+            let id =
+                BindingId::parse(v["binding_id"].as_str().unwrap_or_default()).expect("binding id");
+            list.push(Arc::new(BindingState {
+                id,
+                part: format!("b{i}"),
+                fence: Mutex::new(Fence {
+                    epoch: 0,
+                    generation: 1,
+                }),
+                next_generation: Mutex::new(2),
+            }));
+        }
+        era_bindings.push(list);
+        era_memory.push(
+            (0..config.memory_keys)
+                .map(|k| {
+                    let i = era * config.memory_keys + k;
+                    MemoryKey {
+                        part: format!("m{i}"),
+                        key: format!("chaos/m{i}"),
+                    }
+                })
+                .collect::<Vec<_>>(),
         );
-        let b: Value = response.json().await.expect("binding json");
-        assert_eq!(
-            (b["epoch"].as_u64(), b["lease_generation"].as_u64()),
-            (Some(0), Some(1)),
-            "a new binding starts at epoch 0, generation 1 (the model's initial state): {b}"
-        );
-        let id =
-            BindingId::parse(b["binding_id"].as_str().unwrap_or_default()).expect("binding id");
-        bindings.push(Arc::new(BindingState {
-            index: i,
-            id,
-            part: format!("b{i}"),
-            fence: Mutex::new(Fence {
-                epoch: 0,
-                generation: 1,
-            }),
-        }));
     }
 
     let stop = Arc::new(AtomicBool::new(false));
     let clients_started = Instant::now();
     let deadline = clients_started + Duration::from_secs(config.duration_s);
+    let eras = Arc::new(Eras {
+        start: clients_started,
+        length: Duration::from_secs(config.era_s),
+        bindings: era_bindings,
+        memory: era_memory,
+    });
     let mut workers = Vec::new();
-    let mut operators = Vec::new();
-    for b in &bindings {
+    for b in 0..config.bindings {
         for w in 0..config.workers_per_binding {
             workers.push(tokio::spawn(workload::worker(
                 api.clone(),
-                b.clone(),
-                b.index * 10 + w,
+                eras.clone(),
+                b,
+                b * 10 + w,
                 config.seed,
                 config.object_keys,
                 stop.clone(),
             )));
         }
-        operators.push(tokio::spawn(workload::operator(
+        workers.push(tokio::spawn(workload::operator(
             api.clone(),
             control.clone(),
-            b.clone(),
-            100 + b.index,
+            eras.clone(),
+            b,
+            100 + b,
             config.seed,
             stop.clone(),
         )));
@@ -652,9 +686,8 @@ async fn run_async(config: Config) -> RunReport {
         for j in 0..config.memory_clients_per_key {
             workers.push(tokio::spawn(workload::memory_client(
                 api.clone(),
-                bindings[0].clone(),
-                format!("m{k}"),
-                format!("chaos/m{k}"),
+                eras.clone(),
+                k,
                 200 + k * 10 + j,
                 config.seed,
                 stop.clone(),
@@ -686,10 +719,6 @@ async fn run_async(config: Config) -> RunReport {
     for w in workers {
         w.await.expect("client task");
     }
-    let mut ops = Vec::new();
-    for o in operators {
-        ops.push(o.await.expect("operator task").1);
-    }
     let (mut sys, faults) = injector.await.expect("fault injector");
     sys.heal(&rec, &gate).await;
 
@@ -710,29 +739,27 @@ async fn run_async(config: Config) -> RunReport {
             .await;
     }
     let mut final_errors = Vec::new();
-    for (b, op) in bindings.iter().zip(ops.iter_mut()) {
-        if let Err(e) =
-            workload::final_reads(&api, &control, b, 100 + b.index, op, config.object_keys).await
-        {
+    for b in eras.all_bindings() {
+        if let Err(e) = workload::final_reads(&api, &control, b, 300, config.object_keys).await {
             final_errors.push(e);
         }
     }
-    for k in 0..config.memory_keys {
+    for memory in eras.all_memory() {
         let mut revision = 0;
         let out = workload::memory_op(
             &api,
-            &bindings[0],
+            &eras.bindings[0][0],
             &format!("{base}/v1/memory/user/records"),
-            &format!("m{k}"),
-            &format!("chaos/m{k}"),
-            300 + k,
+            &memory.part,
+            &memory.key,
+            301,
             0,
             &mut revision,
             false,
         )
         .await;
         if out.status == "unknown" {
-            final_errors.push(format!("final memory read m{k}: {out:?}"));
+            final_errors.push(format!("final memory read {}: {out:?}", memory.part));
         }
     }
     drop(control);

@@ -153,10 +153,46 @@ pub struct Fence {
 }
 
 pub struct BindingState {
-    pub index: usize,
     pub id: BindingId,
     pub part: String,
     pub fence: Mutex<Fence>,
+    /// The next generation a raise uses: every attempt a fresh one, so an attempt whose
+    /// outcome is unknown never shares its value with a later one.
+    pub next_generation: Mutex<u64>,
+}
+
+/// A memory record the memory clients work on.
+#[derive(Clone, Debug)]
+pub struct MemoryKey {
+    pub part: String,
+    pub key: String,
+}
+
+/// The workload moves to fresh bindings and memory records every era (5 minutes by
+/// default), so each partition of the history holds at most one era: porcupine's memo
+/// grows with the square of a partition's length, and a long run stays checkable.
+pub struct Eras {
+    pub start: std::time::Instant,
+    pub length: Duration,
+    /// `[era][binding]`
+    pub bindings: Vec<Vec<Arc<BindingState>>>,
+    /// `[era][record]`
+    pub memory: Vec<Vec<MemoryKey>>,
+}
+
+impl Eras {
+    pub fn current(&self) -> usize {
+        let n = self.start.elapsed().as_nanos() / self.length.as_nanos().max(1);
+        usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(self.bindings.len().saturating_sub(1))
+    }
+    pub fn all_bindings(&self) -> impl Iterator<Item = &Arc<BindingState>> {
+        self.bindings.iter().flatten()
+    }
+    pub fn all_memory(&self) -> impl Iterator<Item = &MemoryKey> {
+        self.memory.iter().flatten()
+    }
 }
 
 impl BindingState {
@@ -202,10 +238,11 @@ fn fence_headers(request: RequestBuilder, fence: Fence) -> RequestBuilder {
         .header("Harness-Lease-Generation", fence.generation.to_string())
 }
 
-/// Runs worker `client` on `binding` until `stop`.
+/// Runs worker `client` on binding `b` of the current era until `stop`.
 pub async fn worker(
     api: Arc<Api>,
-    binding: Arc<BindingState>,
+    eras: Arc<Eras>,
+    b: usize,
     client: usize,
     seed: u64,
     object_keys: usize,
@@ -213,11 +250,10 @@ pub async fn worker(
 ) -> u64 {
     let mut rng = rng_for(seed, client);
     // What this worker last saw: the head revision and each object's version, per epoch.
-    let mut seen_epoch = 0;
+    let mut seen = (String::new(), 0);
     let mut revision = 0u64;
     let mut versions = vec![0u64; object_keys];
     let mut n = 0u64;
-    let base = format!("{}/v1/bindings/{}", api.base, binding.id.as_str());
     while !stop.load(Ordering::Relaxed) {
         // Every draw is made on every turn, so the seed alone fixes each client's
         // sequence of operations, keys, modes and pauses (the values sent follow what the
@@ -230,9 +266,11 @@ pub async fn worker(
         let two_step = rng.random_range(0..10u32) < 3;
         tokio::time::sleep(Duration::from_millis(pause)).await;
         n += 1;
+        let binding = eras.bindings[eras.current()][b].clone();
+        let base = format!("{}/v1/bindings/{}", api.base, binding.id.as_str());
         let mut fence = binding.fence();
-        if fence.epoch != seen_epoch {
-            seen_epoch = fence.epoch;
+        if (binding.part.as_str(), fence.epoch) != (seen.0.as_str(), seen.1) {
+            seen = (binding.part.clone(), fence.epoch);
             revision = 0;
             versions.iter_mut().for_each(|v| *v = 0);
         }
@@ -436,18 +474,12 @@ fn index_of(key: &str) -> Option<usize> {
     key.strip_prefix('o')?.parse().ok()
 }
 
-/// Shared generation counter per binding, so no two raise attempts use one value.
-pub struct Operator {
-    pub next_generation: u64,
-}
-
 /// Raises the fence to a fresh generation, or clears into the next epoch; records it.
 pub async fn control_step(
     api: &Api,
     control: &Control,
     binding: &BindingState,
     client: usize,
-    op: &mut Operator,
     clear: bool,
 ) -> Output {
     let fence = binding.fence();
@@ -460,12 +492,18 @@ pub async fn control_step(
             },
         )
     } else {
-        op.next_generation = op.next_generation.max(fence.generation) + 1;
+        let mut next = binding
+            .next_generation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *next = (*next).max(fence.generation + 1);
+        let generation = *next;
+        *next += 1;
         (
             "fence",
             Input {
                 epoch: fence.epoch,
-                r#gen: op.next_generation,
+                r#gen: generation,
                 ..Input::default()
             },
         )
@@ -510,13 +548,13 @@ pub async fn control_step(
 pub async fn operator(
     api: Arc<Api>,
     control: Control,
-    binding: Arc<BindingState>,
+    eras: Arc<Eras>,
+    b: usize,
     client: usize,
     seed: u64,
     stop: Arc<AtomicBool>,
-) -> (u64, Operator) {
+) -> u64 {
     let mut rng = rng_for(seed, client);
-    let mut op = Operator { next_generation: 1 };
     let mut n = 0;
     while !stop.load(Ordering::Relaxed) {
         let wait = rng.random_range(300..1500);
@@ -525,24 +563,25 @@ pub async fn operator(
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        control_step(&api, &control, &binding, client, &mut op, clear).await;
+        let binding = eras.bindings[eras.current()][b].clone();
+        control_step(&api, &control, &binding, client, clear).await;
         n += 1;
     }
-    (n, op)
+    n
 }
 
 /// A memory client: compare-and-set writes and reads of one record.
 pub async fn memory_client(
     api: Arc<Api>,
-    binding: Arc<BindingState>,
-    part: String,
-    key: String,
+    eras: Arc<Eras>,
+    k: usize,
     client: usize,
     seed: u64,
     stop: Arc<AtomicBool>,
 ) -> u64 {
     let mut rng = rng_for(seed, client);
     let mut revision = 0u64;
+    let mut seen = String::new();
     let mut n = 0;
     let url = format!("{}/v1/memory/user/records", api.base);
     while !stop.load(Ordering::Relaxed) {
@@ -550,12 +589,18 @@ pub async fn memory_client(
         let put = rng.random_bool(0.5);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         n += 1;
+        let era = eras.current();
+        let memory = eras.memory[era][k].clone();
+        if memory.part != seen {
+            seen = memory.part.clone();
+            revision = 0;
+        }
         memory_op(
             &api,
-            &binding,
+            &eras.bindings[era][0],
             &url,
-            &part,
-            &key,
+            &memory.part,
+            &memory.key,
             client,
             n,
             &mut revision,
@@ -647,12 +692,11 @@ pub async fn final_reads(
     control: &Control,
     binding: &BindingState,
     client: usize,
-    op: &mut Operator,
     object_keys: usize,
 ) -> Result<(), String> {
     let mut raised = false;
     for _ in 0..5 {
-        if control_step(api, control, binding, client, op, false)
+        if control_step(api, control, binding, client, false)
             .await
             .is_ok()
         {
