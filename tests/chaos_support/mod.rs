@@ -15,7 +15,6 @@
 //! acknowledged write must survive it), reads every binding, object and memory record,
 //! and stops. The history, the faults as they happened, the checker's summary and the
 //! servers' logs stay in `target/chaos/<run>/`.
-#![allow(dead_code)]
 
 pub mod history;
 pub mod node;
