@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh install-yaml
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -71,6 +71,18 @@ bench-operator: e2e-build
 ## checkpoints/s and put p99 (prints a table, writes target/bench/python.json).
 bench-python:
 	scripts/bench-python.sh
+
+## chaos: one checked-history run under faults (docs/reliability.md): concurrent clients
+## against `serve` (BACKEND=sqlite) or the data plane on its own FerretDB (BACKEND=mongo)
+## while servers are killed and paused and the data disk fills; porcupine checks the
+## history. The same SEED gives the same schedule of operations and faults.
+## make chaos SEED=42 BACKEND=mongo DURATION=15m (defaults: seed from the clock, sqlite, 60s)
+SEED ?=
+BACKEND ?= sqlite
+DURATION ?= 60s
+chaos:
+	CHAOS_SEED=$(SEED) CHAOS_BACKEND=$(BACKEND) CHAOS_DURATION=$(DURATION) \
+	  $(CARGO) test --locked --test chaos -- --ignored --exact chaos --nocapture
 
 ## ci-fresh: clone HEAD into a temporary directory and run .ci/run there with empty Go,
 ## e2e and Cargo caches: the cold start a new machine sees (KEEP=1 keeps the directory).
