@@ -6,6 +6,7 @@
 
 pub mod duration;
 pub mod ids;
+pub mod ledger;
 pub mod limits;
 pub mod memory;
 pub mod state;

@@ -253,6 +253,19 @@ pub enum Rejection {
     NotFound(String),
     #[error("{0}")]
     Forbidden(String),
+    /// A ledger append's expected last sequence is not the ledger's.
+    #[error("expected last sequence {expected}, but the ledger is at {actual}")]
+    SequenceConflict { expected: u64, actual: u64 },
+    /// A circuit breaker (`spec/002_6a0ddaf11b83bfe4.txt` §10.1) would trip.
+    #[error("{what} budget of {limit} is exhausted")]
+    BudgetExceeded { what: String, limit: u64 },
+    /// The effect under this key already has a confirmed outcome: never attempt it again.
+    #[error("effect {key} already has a confirmed outcome; return its recorded result")]
+    EffectConfirmed { key: String },
+    /// The effect under this key has no settled outcome (in flight, unknown or under
+    /// review): it must be reconciled or decided by a person before another attempt.
+    #[error("effect {key} is {status}; reconcile it before attempting it again")]
+    EffectUnresolved { key: String, status: String },
 }
 
 impl Rejection {
@@ -270,6 +283,10 @@ impl Rejection {
             Rejection::Invalid(_) => "invalid",
             Rejection::NotFound(_) => "not_found",
             Rejection::Forbidden(_) => "forbidden_scope",
+            Rejection::SequenceConflict { .. } => "sequence_conflict",
+            Rejection::BudgetExceeded { .. } => "budget_exceeded",
+            Rejection::EffectConfirmed { .. } => "effect_confirmed",
+            Rejection::EffectUnresolved { .. } => "effect_unresolved",
         }
     }
 
@@ -281,7 +298,11 @@ impl Rejection {
             | Rejection::RevisionConflict { .. }
             | Rejection::IdempotencyMismatch
             | Rejection::RunUncertain { .. }
-            | Rejection::Conflict { .. } => 409,
+            | Rejection::Conflict { .. }
+            | Rejection::SequenceConflict { .. }
+            | Rejection::BudgetExceeded { .. }
+            | Rejection::EffectConfirmed { .. }
+            | Rejection::EffectUnresolved { .. } => 409,
             Rejection::TooLarge { .. } | Rejection::TooMany { .. } => 413,
             Rejection::RateLimited { .. } => 429,
             Rejection::Invalid(_) => 422,

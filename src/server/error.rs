@@ -26,6 +26,10 @@ pub enum ErrorCode {
     IdempotencyMismatch,
     RunUncertain,
     Conflict,
+    SequenceConflict,
+    BudgetExceeded,
+    EffectConfirmed,
+    EffectUnresolved,
     Invalid,
     TooLarge,
     RateLimited,
@@ -48,6 +52,10 @@ impl ErrorCode {
             ErrorCode::IdempotencyMismatch => "idempotency_mismatch",
             ErrorCode::RunUncertain => "run_uncertain",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::SequenceConflict => "sequence_conflict",
+            ErrorCode::BudgetExceeded => "budget_exceeded",
+            ErrorCode::EffectConfirmed => "effect_confirmed",
+            ErrorCode::EffectUnresolved => "effect_unresolved",
             ErrorCode::Invalid => "invalid",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::RateLimited => "rate_limited",
@@ -69,7 +77,11 @@ impl ErrorCode {
             | ErrorCode::RevisionConflict
             | ErrorCode::IdempotencyMismatch
             | ErrorCode::RunUncertain
-            | ErrorCode::Conflict => StatusCode::CONFLICT,
+            | ErrorCode::Conflict
+            | ErrorCode::SequenceConflict
+            | ErrorCode::BudgetExceeded
+            | ErrorCode::EffectConfirmed
+            | ErrorCode::EffectUnresolved => StatusCode::CONFLICT,
             ErrorCode::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -215,6 +227,26 @@ impl From<Rejection> for ApiError {
             Rejection::Invalid(_) => (ErrorCode::Invalid, json!({}), None),
             Rejection::NotFound(_) => (ErrorCode::NotFound, json!({}), None),
             Rejection::Forbidden(_) => (ErrorCode::ForbiddenScope, json!({}), None),
+            Rejection::SequenceConflict { expected, actual } => (
+                ErrorCode::SequenceConflict,
+                json!({"expected": expected, "actual": actual}),
+                None,
+            ),
+            Rejection::BudgetExceeded { what, limit } => (
+                ErrorCode::BudgetExceeded,
+                json!({"what": what, "limit": limit}),
+                None,
+            ),
+            Rejection::EffectConfirmed { key } => (
+                ErrorCode::EffectConfirmed,
+                json!({"idempotency_key": key}),
+                None,
+            ),
+            Rejection::EffectUnresolved { key, status } => (
+                ErrorCode::EffectUnresolved,
+                json!({"idempotency_key": key, "status": status}),
+                None,
+            ),
         };
         ApiError {
             code,

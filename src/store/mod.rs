@@ -20,10 +20,12 @@ use crate::domain::{
     },
 };
 
+pub mod ledger;
 pub mod memory;
 pub mod mongo;
 pub mod sqlite;
 
+pub use ledger::LedgerStore;
 pub use memory::MemoryStore;
 
 /// Why a store call failed: the request broke a rule (a stable code for the caller), or
@@ -330,11 +332,23 @@ pub trait RetentionStore: Send + Sync {
 
 /// Everything a backend provides.
 pub trait Store:
-    BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore + MemoryStore
+    BindingStore
+    + ThreadStateStore
+    + NativeStore
+    + InterruptStore
+    + RetentionStore
+    + MemoryStore
+    + LedgerStore
 {
 }
 impl<
-    T: BindingStore + ThreadStateStore + NativeStore + InterruptStore + RetentionStore + MemoryStore,
+    T: BindingStore
+        + ThreadStateStore
+        + NativeStore
+        + InterruptStore
+        + RetentionStore
+        + MemoryStore
+        + LedgerStore,
 > Store for T
 {
 }

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod crash;
+pub mod ledger;
 
 use std::collections::HashSet;
 
@@ -1618,6 +1619,14 @@ pub const CASES: &[&str] = &[
     "binding_identity_is_create_or_get",
     "write_and_commit_is_a_turn_in_one_call",
     "activity_follows_writes",
+    "ledger_envelope_and_sequence",
+    "ledger_appends_are_fenced",
+    "ledger_appends_are_idempotent_by_key",
+    "ledger_refuses_bad_payloads",
+    "ledger_effect_rules",
+    "ledger_budgets_trip",
+    "ledger_run_read_replays_and_snapshots",
+    "ledger_concurrent_appends_have_no_gaps",
 ];
 
 /// Declares one `#[tokio::test]` per case for a backend. `$open` is an async expression
@@ -1652,10 +1661,30 @@ macro_rules! conformance_tests {
             write_and_commit_is_a_turn_in_one_call,
             activity_follows_writes
         );
+        $crate::conformance_tests!(@ledger $open, $close;
+            ledger_envelope_and_sequence,
+            ledger_appends_are_fenced,
+            ledger_appends_are_idempotent_by_key,
+            ledger_refuses_bad_payloads,
+            ledger_effect_rules,
+            ledger_budgets_trip,
+            ledger_run_read_replays_and_snapshots,
+            ledger_concurrent_appends_have_no_gaps
+        );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 17, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 25, "add new cases to conformance_tests!");
         }
+    };
+    (@ledger $open:expr, $close:expr; $($case:ident),+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (store, guard) = $open(stringify!($case)).await;
+                store_conformance::ledger::$case(&store).await;
+                $close(store, guard).await;
+            }
+        )+
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {
         $(

@@ -38,6 +38,7 @@
 mod atomic;
 mod bindings;
 mod layout;
+mod ledger;
 mod memory;
 mod native;
 mod retention;
@@ -115,6 +116,8 @@ pub struct MongoStore {
     state: Collection<Document>,
     audit: Collection<Document>,
     memories: Collection<Document>,
+    /// The run ledger's events, idempotency digests and snapshots (`harness_ledger`).
+    ledger: Collection<Document>,
     limits: Limits,
     rate: WriteRateLimiter,
     /// Write concern of bookkeeping writes (see the module documentation).
@@ -185,7 +188,8 @@ impl MongoStore {
             sessions: db.collection_with_options(SESSIONS, collection_options.clone()),
             state: db.collection_with_options(STATE, collection_options.clone()),
             audit: db.collection_with_options(AUDIT, collection_options.clone()),
-            memories: db.collection_with_options(memory::MEMORIES, collection_options),
+            memories: db.collection_with_options(memory::MEMORIES, collection_options.clone()),
+            ledger: db.collection_with_options(ledger::LEDGER, collection_options),
             rate: WriteRateLimiter::new(&limits),
             limits,
             hint: WriteConcern::builder().w(Acknowledgment::Nodes(1)).build(),
@@ -278,6 +282,25 @@ impl MongoStore {
             ))
             .await
             .ctx("creating the harness_audit indexes")?;
+        for model in [
+            index(
+                doc! { "binding_id": 1, "epoch": 1, "kind": 1, "seq": 1 },
+                "binding_epoch_kind_seq",
+                false,
+                false,
+            ),
+            index(
+                doc! { "binding_id": 1, "epoch": 1, "kind": 1, "run_id": 1, "seq": 1 },
+                "binding_epoch_kind_run_seq",
+                false,
+                false,
+            ),
+        ] {
+            self.ledger
+                .create_index(model)
+                .await
+                .ctx("creating the harness_ledger indexes")?;
+        }
         self.create_memory_indexes().await
     }
 
@@ -407,6 +430,47 @@ impl BindingStore for MongoStore {
 
     async fn clear(&self, id: &BindingId, new_epoch: u64) -> Result<ClearReport> {
         self.clear_impl(id, new_epoch).await
+    }
+}
+
+#[async_trait]
+impl crate::store::ledger::LedgerStore for MongoStore {
+    async fn append_event(
+        &self,
+        scope: &StateScope,
+        request: &crate::domain::ledger::AppendRequest,
+    ) -> Result<crate::store::ledger::LedgerAppend> {
+        crate::store::ledger::check(request, self.limits.max_key_bytes)?;
+        self.append_event_impl(scope, request).await
+    }
+
+    async fn ledger_events(
+        &self,
+        scope: &StateScope,
+        run_id: Option<&str>,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::domain::ledger::LedgerEvent>> {
+        self.ledger_events_impl(scope, run_id, after_seq, limit)
+            .await
+    }
+
+    async fn ledger_state(&self, scope: &StateScope) -> Result<crate::domain::ledger::LedgerState> {
+        self.ledger_state_impl(scope).await
+    }
+
+    async fn snapshot_ledger(
+        &self,
+        scope: &StateScope,
+    ) -> Result<crate::store::ledger::LedgerSnapshot> {
+        self.snapshot_ledger_impl(scope).await
+    }
+
+    async fn ledger_snapshot(
+        &self,
+        scope: &StateScope,
+    ) -> Result<Option<crate::store::ledger::LedgerSnapshot>> {
+        self.ledger_snapshot_impl(scope).await
     }
 }
 

@@ -11,6 +11,7 @@
 //! tables (`spec/001_78d7ff78f70a2a2a.txt` §2, §4, §6, §7).
 
 mod bindings;
+mod ledger;
 mod memory;
 mod native;
 mod readers;
@@ -399,6 +400,62 @@ impl BindingStore for SqliteStore {
                 .await?;
         }
         Ok(step.report())
+    }
+}
+
+#[async_trait]
+impl crate::store::ledger::LedgerStore for SqliteStore {
+    async fn append_event(
+        &self,
+        scope: &StateScope,
+        request: &crate::domain::ledger::AppendRequest,
+    ) -> Result<crate::store::ledger::LedgerAppend> {
+        crate::store::ledger::check(request, self.limits.max_key_bytes)?;
+        let scope = self.scoped_write(scope)?;
+        let request = request.clone();
+        self.writer
+            .run(move |conn| ledger::append(conn, &scope, &request, now_ms()))
+            .await
+    }
+
+    async fn ledger_events(
+        &self,
+        scope: &StateScope,
+        run_id: Option<&str>,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::domain::ledger::LedgerEvent>> {
+        let scope = ScopeKey::of(scope);
+        let run_id = run_id.map(str::to_owned);
+        let limit = self.page(limit);
+        self.readers
+            .read(move |tx| ledger::events(tx, &scope, run_id.as_deref(), after_seq, limit))
+            .await
+    }
+
+    async fn ledger_state(&self, scope: &StateScope) -> Result<crate::domain::ledger::LedgerState> {
+        let scope = ScopeKey::of(scope);
+        self.readers.read(move |tx| ledger::state(tx, &scope)).await
+    }
+
+    async fn snapshot_ledger(
+        &self,
+        scope: &StateScope,
+    ) -> Result<crate::store::ledger::LedgerSnapshot> {
+        let scope = self.scoped_write(scope)?;
+        self.writer
+            .run(move |conn| ledger::snapshot(conn, &scope, now_ms()))
+            .await
+    }
+
+    async fn ledger_snapshot(
+        &self,
+        scope: &StateScope,
+    ) -> Result<Option<crate::store::ledger::LedgerSnapshot>> {
+        let scope = ScopeKey::of(scope);
+        self.readers
+            .read(move |tx| ledger::snapshot_of(tx, &scope))
+            .await
     }
 }
 

@@ -10,7 +10,7 @@ use super::{SqlContext, SqliteError};
 use crate::store::StoreError;
 
 /// The schema this build reads and writes.
-pub(super) const SCHEMA_VERSION: i64 = 2;
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// How long a connection waits for a lock held by another connection (another process
 /// opening the same file, or a checkpoint) before failing with `SQLITE_BUSY`.
@@ -220,14 +220,19 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         .ctx("reading user_version")?;
     match found {
         SCHEMA_VERSION => return Ok(()),
-        0 | 1 => {
+        0..=2 => {
             if found == 0 {
                 tx.execute_batch(SCHEMA_V1)
                     .ctx("creating schema version 1")?;
             }
-            // Version 2 adds long-term memory (`harness_memories`).
-            tx.execute_batch(super::memory::SCHEMA_V2)
-                .ctx("creating schema version 2")?;
+            if found <= 1 {
+                // Version 2 adds long-term memory (`harness_memories`).
+                tx.execute_batch(super::memory::SCHEMA_V2)
+                    .ctx("creating schema version 2")?;
+            }
+            // Version 3 adds the run ledger (`harness_ledger_*`).
+            tx.execute_batch(super::ledger::SCHEMA_V3)
+                .ctx("creating schema version 3")?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .ctx("writing user_version")?;
         }

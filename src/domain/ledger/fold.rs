@@ -1,0 +1,529 @@
+//! The reducer: events folded into the state of a binding's epoch, and the admission
+//! rules that state decides (runs, effects, budgets).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    EventType, INTENT_WINDOW, LOOP_THRESHOLD, LedgerEvent, NewEvent,
+    payload::{Outcome, RunOutcomeKind, Via, via_of},
+};
+use crate::domain::state::Rejection;
+
+/// Upper bounds (per mille of the memory budget) of the utilisation buckets.
+pub const UTILISATION_BUCKETS_PERMILLE: [u64; 5] = [250, 500, 750, 900, 1000];
+
+/// Where an effect key stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectStatus {
+    /// Attempted, no outcome observed yet (the worker may have died mid-call).
+    Attempted,
+    Confirmed,
+    /// Definitively did not land: a new attempt is allowed.
+    Refused,
+    /// Indeterminate: reconcile by key, never retry blindly.
+    Unknown,
+    /// Reconciliation gave up: a person decides.
+    AwaitingHuman,
+}
+
+impl EffectStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectStatus::Attempted => "attempted",
+            EffectStatus::Confirmed => "confirmed",
+            EffectStatus::Refused => "refused",
+            EffectStatus::Unknown => "unknown",
+            EffectStatus::AwaitingHuman => "awaiting_human",
+        }
+    }
+
+    /// Not settled: no new attempt until reconciled or decided.
+    pub fn is_unresolved(self) -> bool {
+        matches!(
+            self,
+            EffectStatus::Attempted | EffectStatus::Unknown | EffectStatus::AwaitingHuman
+        )
+    }
+}
+
+/// One effect key's record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EffectRecord {
+    pub status: EffectStatus,
+    pub tool: String,
+    pub run_id: String,
+    pub turn_id: String,
+    pub attempts: u64,
+    pub irreversible: bool,
+    pub last_attempt_seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome_seq: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<Via>,
+    /// The recorded result of a confirmed outcome (what a replay returns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// Usage counted against budgets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnUsage {
+    /// Events appended.
+    pub steps: u64,
+    pub tokens: u64,
+    pub cost_units: u64,
+    /// Attempts of effects marked `irreversible`.
+    pub irreversible: u64,
+}
+
+/// Limits of one scope; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Budget {
+    pub steps: Option<u64>,
+    pub tokens: Option<u64>,
+    pub cost_units: Option<u64>,
+    pub irreversible: Option<u64>,
+}
+
+/// Circuit breakers per turn and per run (§10.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Budgets {
+    pub per_turn: Budget,
+    pub per_run: Budget,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Running,
+    Completed,
+}
+
+/// A run folded from its events.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    pub run_id: String,
+    pub status: RunStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<RunOutcomeKind>,
+    pub started_seq: u64,
+    pub last_seq: u64,
+    pub events: u64,
+    pub usage: TurnUsage,
+    pub turns: BTreeMap<String, TurnUsage>,
+    pub guardrails_passed: u64,
+    pub guardrails_blocked: u64,
+    pub guardrails_skipped: u64,
+    /// Effect attempts (the actions loop detection looks at).
+    pub actions: u64,
+    /// Actions whose intent hash was already in the window.
+    pub repeated_actions: u64,
+    /// Times [`LOOP_THRESHOLD`] identical intents came in a row.
+    pub loops_detected: u64,
+    pub intent_window: Vec<String>,
+    pub identical_in_a_row: u64,
+    pub outcomes_confirmed: u64,
+    pub outcomes_refused: u64,
+    pub outcomes_unknown: u64,
+    pub human_reviews_requested: u64,
+    /// Memory budget utilisation (used / limit) of each `ContextAssembled`, counted in
+    /// the buckets of [`UTILISATION_BUCKETS_PERMILLE`] (the last counts overruns).
+    pub context_utilisation: [u64; 6],
+}
+
+impl RunState {
+    fn new(run_id: &str, seq: u64) -> Self {
+        RunState {
+            run_id: run_id.to_owned(),
+            status: RunStatus::Running,
+            outcome: None,
+            started_seq: seq,
+            last_seq: seq,
+            events: 0,
+            usage: TurnUsage::default(),
+            turns: BTreeMap::new(),
+            guardrails_passed: 0,
+            guardrails_blocked: 0,
+            guardrails_skipped: 0,
+            actions: 0,
+            repeated_actions: 0,
+            loops_detected: 0,
+            intent_window: Vec::new(),
+            identical_in_a_row: 0,
+            outcomes_confirmed: 0,
+            outcomes_refused: 0,
+            outcomes_unknown: 0,
+            human_reviews_requested: 0,
+            context_utilisation: [0; 6],
+        }
+    }
+}
+
+/// The folded state of a binding's epoch: what the store keeps beside the events and
+/// what every append is decided against.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LedgerState {
+    pub last_seq: u64,
+    pub lamport: u64,
+    pub runs: BTreeMap<String, RunState>,
+    pub effects: BTreeMap<String, EffectRecord>,
+}
+
+fn usage_of(payload: &Value) -> (u64, u64) {
+    let usage = payload.get("usage");
+    let get = |k: &str| {
+        usage
+            .and_then(|u| u.get(k))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    (get("tokens"), get("cost_units"))
+}
+
+fn key_of(payload: &Value) -> Option<&str> {
+    payload.get("idempotency_key").and_then(Value::as_str)
+}
+
+fn irreversible_of(payload: &Value) -> bool {
+    payload
+        .get("irreversible")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+fn check_budget(
+    scope: &str,
+    used: &TurnUsage,
+    add: &TurnUsage,
+    limit: &Budget,
+) -> Result<(), Rejection> {
+    let checks = [
+        ("steps", used.steps, add.steps, limit.steps),
+        ("tokens", used.tokens, add.tokens, limit.tokens),
+        (
+            "cost_units",
+            used.cost_units,
+            add.cost_units,
+            limit.cost_units,
+        ),
+        (
+            "irreversible effects",
+            used.irreversible,
+            add.irreversible,
+            limit.irreversible,
+        ),
+    ];
+    for (what, used, add, limit) in checks {
+        if let Some(limit) = limit
+            && add > 0
+            && used.saturating_add(add) > limit
+        {
+            return Err(Rejection::BudgetExceeded {
+                what: format!("per-{scope} {what}"),
+                limit,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn conflict(what: String) -> Rejection {
+    Rejection::Conflict { what }
+}
+
+impl LedgerState {
+    /// Whether `new` may be appended now (the state-dependent rules; payload shape is
+    /// checked by [`super::validate_payload`]).
+    pub fn admit(&self, new: &NewEvent, budgets: &Budgets) -> Result<(), Rejection> {
+        let run = self.runs.get(&new.run_id);
+        match (new.event_type, run) {
+            (EventType::RunStarted, Some(_)) => {
+                return Err(conflict(format!("run {} has already started", new.run_id)));
+            }
+            (EventType::RunStarted, None) => {}
+            (_, None) => {
+                return Err(conflict(format!(
+                    "run {} has not started; append RunStarted first",
+                    new.run_id
+                )));
+            }
+            (_, Some(run)) if run.status == RunStatus::Completed => {
+                return Err(conflict(format!("run {} is completed", new.run_id)));
+            }
+            (_, Some(_)) => {}
+        }
+        let (tokens, cost_units) = usage_of(&new.payload);
+        let add = TurnUsage {
+            steps: 1,
+            tokens,
+            cost_units,
+            irreversible: u64::from(
+                new.event_type == EventType::EffectAttempted && irreversible_of(&new.payload),
+            ),
+        };
+        if let Some(run) = run {
+            let turn = run.turns.get(&new.turn_id).copied().unwrap_or_default();
+            check_budget("turn", &turn, &add, &budgets.per_turn)?;
+            check_budget("run", &run.usage, &add, &budgets.per_run)?;
+        }
+        let key = key_of(&new.payload);
+        let effect = key.and_then(|k| self.effects.get(k));
+        match new.event_type {
+            EventType::EffectAttempted => match effect {
+                Some(e) if e.status == EffectStatus::Confirmed => Err(Rejection::EffectConfirmed {
+                    key: key.unwrap_or_default().to_owned(),
+                }),
+                Some(e) if e.status.is_unresolved() => Err(Rejection::EffectUnresolved {
+                    key: key.unwrap_or_default().to_owned(),
+                    status: e.status.as_str().to_owned(),
+                }),
+                _ => Ok(()),
+            },
+            EventType::EffectOutcomeObserved => {
+                let key = key.unwrap_or_default();
+                let Some(effect) = effect else {
+                    return Err(Rejection::NotFound(format!(
+                        "an attempt of effect {key} (append EffectAttempted first)"
+                    )));
+                };
+                let via = via_of(&new.payload);
+                match (effect.status, via) {
+                    (EffectStatus::Attempted, _)
+                    | (EffectStatus::Unknown, Via::Reconciliation | Via::Human)
+                    | (EffectStatus::AwaitingHuman, Via::Human) => Ok(()),
+                    (EffectStatus::Unknown, Via::Direct) => Err(conflict(format!(
+                        "effect {key} is unknown: only reconciliation or a person can observe its outcome now"
+                    ))),
+                    (EffectStatus::AwaitingHuman, _) => {
+                        Err(conflict(format!("effect {key} awaits a person's decision")))
+                    }
+                    (status, _) => Err(conflict(format!(
+                        "effect {key} already has the outcome {}",
+                        status.as_str()
+                    ))),
+                }
+            }
+            EventType::HumanReviewRequested => match (key, effect) {
+                (Some(key), None) => Err(Rejection::NotFound(format!("effect {key}"))),
+                (Some(key), Some(e)) if !e.status.is_unresolved() => Err(conflict(format!(
+                    "effect {key} is {}; nothing to review",
+                    e.status.as_str()
+                ))),
+                _ => Ok(()),
+            },
+            EventType::HumanReviewResolved => match (key, effect) {
+                (Some(key), None) => Err(Rejection::NotFound(format!("effect {key}"))),
+                (Some(key), Some(e)) if !e.status.is_unresolved() => Err(conflict(format!(
+                    "effect {key} is {}; nothing to decide",
+                    e.status.as_str()
+                ))),
+                _ => Ok(()),
+            },
+            EventType::RunCompleted => {
+                let outcome = new
+                    .payload
+                    .get("outcome")
+                    .and_then(Value::as_str)
+                    .and_then(RunOutcomeKind::parse);
+                let claims_success = matches!(
+                    outcome,
+                    Some(RunOutcomeKind::Resolved | RunOutcomeKind::PartiallyResolved)
+                );
+                if claims_success
+                    && let Some((key, e)) = self
+                        .effects
+                        .iter()
+                        .find(|(_, e)| e.run_id == new.run_id && e.status.is_unresolved())
+                {
+                    return Err(Rejection::EffectUnresolved {
+                        key: key.clone(),
+                        status: e.status.as_str().to_owned(),
+                    });
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The reducer. Applies an event that [`Self::admit`] accepted (replay applies
+    /// recorded events, which were).
+    pub fn apply(&mut self, event: &LedgerEvent) {
+        self.last_seq = event.seq;
+        self.lamport = self.lamport.max(event.lamport);
+        let p = &event.payload;
+        if event.event_type == EventType::RunStarted {
+            self.runs
+                .entry(event.run_id.clone())
+                .or_insert_with(|| RunState::new(&event.run_id, event.seq));
+        }
+        let key = key_of(p).map(str::to_owned);
+        match event.event_type {
+            EventType::EffectAttempted => {
+                if let Some(key) = &key {
+                    let attempts = self.effects.get(key).map_or(0, |e| e.attempts);
+                    self.effects.insert(
+                        key.clone(),
+                        EffectRecord {
+                            status: EffectStatus::Attempted,
+                            tool: p
+                                .get("tool")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_owned(),
+                            run_id: event.run_id.clone(),
+                            turn_id: event.turn_id.clone(),
+                            attempts: attempts + 1,
+                            irreversible: irreversible_of(p),
+                            last_attempt_seq: event.seq,
+                            outcome_seq: None,
+                            via: None,
+                            result: None,
+                        },
+                    );
+                }
+            }
+            EventType::EffectOutcomeObserved => {
+                if let Some(e) = key.as_ref().and_then(|k| self.effects.get_mut(k)) {
+                    let outcome = p
+                        .get("outcome")
+                        .and_then(Value::as_str)
+                        .and_then(Outcome::parse);
+                    e.status = match outcome {
+                        Some(Outcome::Confirmed) => EffectStatus::Confirmed,
+                        Some(Outcome::Refused) => EffectStatus::Refused,
+                        _ if e.status == EffectStatus::AwaitingHuman => EffectStatus::AwaitingHuman,
+                        _ => EffectStatus::Unknown,
+                    };
+                    e.outcome_seq = Some(event.seq);
+                    e.via = Some(via_of(p));
+                    e.result = (e.status == EffectStatus::Confirmed)
+                        .then(|| p.get("result").cloned())
+                        .flatten();
+                }
+            }
+            EventType::HumanReviewRequested => {
+                if let Some(e) = key.as_ref().and_then(|k| self.effects.get_mut(k)) {
+                    e.status = EffectStatus::AwaitingHuman;
+                }
+            }
+            EventType::HumanReviewResolved => {
+                if let Some(e) = key.as_ref().and_then(|k| self.effects.get_mut(k)) {
+                    let decision = p
+                        .get("decision")
+                        .and_then(Value::as_str)
+                        .and_then(Outcome::parse);
+                    e.status = match decision {
+                        Some(Outcome::Confirmed) => EffectStatus::Confirmed,
+                        Some(Outcome::Refused) => EffectStatus::Refused,
+                        _ => e.status,
+                    };
+                    e.outcome_seq = Some(event.seq);
+                    e.via = Some(Via::Human);
+                    e.result = (e.status == EffectStatus::Confirmed)
+                        .then(|| p.get("result").cloned())
+                        .flatten();
+                }
+            }
+            _ => {}
+        }
+        let Some(run) = self.runs.get_mut(&event.run_id) else {
+            return;
+        };
+        run.last_seq = event.seq;
+        run.events += 1;
+        let (tokens, cost_units) = usage_of(p);
+        let irreversible =
+            u64::from(event.event_type == EventType::EffectAttempted && irreversible_of(p));
+        for usage in [
+            &mut run.usage,
+            run.turns.entry(event.turn_id.clone()).or_default(),
+        ] {
+            usage.steps += 1;
+            usage.tokens += tokens;
+            usage.cost_units += cost_units;
+            usage.irreversible += irreversible;
+        }
+        match event.event_type {
+            EventType::RunCompleted => {
+                run.status = RunStatus::Completed;
+                run.outcome = p
+                    .get("outcome")
+                    .and_then(Value::as_str)
+                    .and_then(RunOutcomeKind::parse);
+            }
+            EventType::GuardrailEvaluated => match p.get("result").and_then(Value::as_str) {
+                Some("pass") => run.guardrails_passed += 1,
+                Some("block") => run.guardrails_blocked += 1,
+                _ => run.guardrails_skipped += 1,
+            },
+            EventType::EffectAttempted => {
+                run.actions += 1;
+                if run.intent_window.contains(&event.intent_hash) {
+                    run.repeated_actions += 1;
+                }
+                if run.intent_window.last() == Some(&event.intent_hash) {
+                    run.identical_in_a_row += 1;
+                } else {
+                    run.identical_in_a_row = 1;
+                }
+                if run.identical_in_a_row == LOOP_THRESHOLD as u64 {
+                    run.loops_detected += 1;
+                }
+                run.intent_window.push(event.intent_hash.clone());
+                if run.intent_window.len() > INTENT_WINDOW {
+                    run.intent_window.remove(0);
+                }
+            }
+            EventType::EffectOutcomeObserved => match p.get("outcome").and_then(Value::as_str) {
+                Some("confirmed") => run.outcomes_confirmed += 1,
+                Some("refused") => run.outcomes_refused += 1,
+                _ => run.outcomes_unknown += 1,
+            },
+            EventType::HumanReviewRequested => run.human_reviews_requested += 1,
+            EventType::ContextAssembled => {
+                let budget = p.get("budget");
+                let used = budget
+                    .and_then(|b| b.get("used_tokens"))
+                    .and_then(Value::as_u64);
+                let limit = budget
+                    .and_then(|b| b.get("limit_tokens"))
+                    .and_then(Value::as_u64)
+                    .filter(|l| *l > 0);
+                if let (Some(used), Some(limit)) = (used, limit) {
+                    let permille = used.saturating_mul(1000) / limit;
+                    let bucket = UTILISATION_BUCKETS_PERMILLE
+                        .iter()
+                        .position(|upper| permille <= *upper)
+                        .unwrap_or(UTILISATION_BUCKETS_PERMILLE.len());
+                    if let Some(slot) = run.context_utilisation.get_mut(bucket) {
+                        *slot += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The state of the events, folded from nothing.
+    pub fn replay<'a>(events: impl IntoIterator<Item = &'a LedgerEvent>) -> Self {
+        let mut state = LedgerState::default();
+        for e in events {
+            state.apply(e);
+        }
+        state
+    }
+
+    /// Effects with no settled outcome (attempted, unknown or awaiting a person).
+    pub fn unresolved_effects(&self) -> impl Iterator<Item = (&String, &EffectRecord)> {
+        self.effects
+            .iter()
+            .filter(|(_, e)| e.status.is_unresolved())
+    }
+}

@@ -1,0 +1,317 @@
+//! Payload rules: the 32 KiB bound, the refusal of raw transcripts and hidden reasoning
+//! (`spec/003_bab976795353d872.txt` "Event And Outcome Authority"), `rationale` rather
+//! than `why` (`spec/002_6a0ddaf11b83bfe4.txt` §3.2), and the fields each event type
+//! must carry.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::EventType;
+use crate::domain::state::Rejection;
+
+/// Bound of an event's canonical payload.
+pub const MAX_PAYLOAD_BYTES: usize = 32 << 10;
+
+/// Normalized field names (lower case, letters and digits only) that hold a raw
+/// transcript or hidden reasoning.
+const FORBIDDEN: &[&str] = &[
+    "transcript",
+    "rawtranscript",
+    "fulltranscript",
+    "rawmessages",
+    "reasoning",
+    "hiddenreasoning",
+    "reasoningtrace",
+    "reasoningcontent",
+    "thinking",
+    "thought",
+    "thoughts",
+    "thoughtprocess",
+    "chainofthought",
+    "cot",
+    "analysis",
+    "scratchpad",
+    "innermonologue",
+    "rawcompletion",
+    "rawprompt",
+];
+
+/// Stems refused anywhere in a normalized name (`reasoning_text`, `my_transcript`).
+const FORBIDDEN_STEMS: &[&str] = &[
+    "transcript",
+    "reasoning",
+    "chainofthought",
+    "thoughtprocess",
+    "scratchpad",
+    "innermonologue",
+];
+
+fn normalize(name: &str) -> String {
+    name.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
+}
+
+/// Why a field name is refused, or `None` when it may be stored. Digest and hash fields
+/// (`analysis_digest`, `transcript_sha256`) pass: they state a fact, not the content.
+pub fn forbidden_field(name: &str) -> Option<&'static str> {
+    let n = normalize(name);
+    if n.ends_with("digest") || n.ends_with("hash") || n.ends_with("sha256") {
+        return None;
+    }
+    if n == "why" {
+        return Some("a stated rationale is stored as `rationale`, never `why`");
+    }
+    if FORBIDDEN.contains(&n.as_str()) || FORBIDDEN_STEMS.iter().any(|s| n.contains(s)) {
+        return Some("raw transcripts and hidden reasoning are not stored; record a digest");
+    }
+    None
+}
+
+fn refuse_fields(value: &Value, path: &mut Vec<String>) -> Result<(), Rejection> {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if let Some(why) = forbidden_field(k) {
+                    path.push(k.clone());
+                    return Err(Rejection::Invalid(format!(
+                        "payload field `{}` is refused: {why}",
+                        path.join(".")
+                    )));
+                }
+                path.push(k.clone());
+                refuse_fields(v, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                path.push(i.to_string());
+                refuse_fields(v, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// An effect's observed outcome (§5.1): unknown is a state, never success or failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Confirmed,
+    Refused,
+    Unknown,
+}
+
+impl Outcome {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "confirmed" => Some(Outcome::Confirmed),
+            "refused" => Some(Outcome::Refused),
+            "unknown" => Some(Outcome::Unknown),
+            _ => None,
+        }
+    }
+}
+
+/// Who observed an outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    Direct,
+    Reconciliation,
+    Human,
+}
+
+impl Via {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "direct" => Some(Via::Direct),
+            "reconciliation" => Some(Via::Reconciliation),
+            "human" => Some(Via::Human),
+            _ => None,
+        }
+    }
+}
+
+/// How a closed run ended (§8.3 taxonomy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcomeKind {
+    Resolved,
+    PartiallyResolved,
+    HandedToHuman,
+    Abandoned,
+    Failed,
+}
+
+impl RunOutcomeKind {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "resolved" => Some(Self::Resolved),
+            "partially_resolved" => Some(Self::PartiallyResolved),
+            "handed_to_human" => Some(Self::HandedToHuman),
+            "abandoned" => Some(Self::Abandoned),
+            "failed" => Some(Self::Failed),
+            _ => None,
+        }
+    }
+}
+
+fn field<'a>(
+    map: &'a Map<String, Value>,
+    t: EventType,
+    name: &str,
+) -> Result<&'a Value, Rejection> {
+    map.get(name)
+        .ok_or_else(|| Rejection::Invalid(format!("{} payload needs `{name}`", t.as_str())))
+}
+
+fn string_field<'a>(
+    map: &'a Map<String, Value>,
+    t: EventType,
+    name: &str,
+) -> Result<&'a str, Rejection> {
+    match field(map, t, name)? {
+        Value::String(s) if !s.is_empty() => Ok(s),
+        _ => Err(Rejection::Invalid(format!(
+            "{} payload field `{name}` must be a non-empty string",
+            t.as_str()
+        ))),
+    }
+}
+
+fn one_of<T>(
+    map: &Map<String, Value>,
+    t: EventType,
+    name: &str,
+    parse: fn(&str) -> Option<T>,
+    allowed: &str,
+) -> Result<T, Rejection> {
+    let s = string_field(map, t, name)?;
+    parse(s).ok_or_else(|| {
+        Rejection::Invalid(format!(
+            "{} payload field `{name}` is `{s}`; expected one of {allowed}",
+            t.as_str()
+        ))
+    })
+}
+
+fn optional_u64(map: &Map<String, Value>, t: EventType, name: &str) -> Result<(), Rejection> {
+    match map.get(name) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v.as_u64().is_some() => Ok(()),
+        Some(_) => Err(Rejection::Invalid(format!(
+            "{} payload field `{name}` must be a non-negative integer",
+            t.as_str()
+        ))),
+    }
+}
+
+/// The whole payload check: an object, within the bound, no forbidden field at any
+/// depth, and the fields its type needs.
+pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> {
+    let Value::Object(map) = payload else {
+        return Err(Rejection::Invalid(format!(
+            "{} payload must be a JSON object",
+            t.as_str()
+        )));
+    };
+    let size = super::canonical_json(payload).len();
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(Rejection::TooLarge {
+            what: "event payload",
+            size: size as u64,
+            limit: MAX_PAYLOAD_BYTES as u64,
+        });
+    }
+    refuse_fields(payload, &mut Vec::new())?;
+    if let Some(usage) = map.get("usage") {
+        let Value::Object(usage) = usage else {
+            return Err(Rejection::Invalid(format!(
+                "{} payload field `usage` must be an object",
+                t.as_str()
+            )));
+        };
+        optional_u64(usage, t, "tokens")?;
+        optional_u64(usage, t, "cost_units")?;
+    }
+    match t {
+        EventType::RunStarted | EventType::ContextAssembled => Ok(()),
+        EventType::RunCompleted => {
+            one_of(
+                map,
+                t,
+                "outcome",
+                RunOutcomeKind::parse,
+                "resolved, partially_resolved, handed_to_human, abandoned, failed",
+            )?;
+            Ok(())
+        }
+        EventType::GuardrailEvaluated => {
+            string_field(map, t, "guardrail")?;
+            one_of(
+                map,
+                t,
+                "result",
+                |s| matches!(s, "pass" | "block" | "skip").then_some(()),
+                "pass, block, skip",
+            )
+        }
+        EventType::EffectAttempted => {
+            string_field(map, t, "tool")?;
+            string_field(map, t, "idempotency_key")?;
+            match map.get("irreversible") {
+                None | Some(Value::Bool(_)) => Ok(()),
+                Some(_) => Err(Rejection::Invalid(
+                    "EffectAttempted payload field `irreversible` must be a boolean".into(),
+                )),
+            }
+        }
+        EventType::EffectOutcomeObserved => {
+            string_field(map, t, "idempotency_key")?;
+            one_of(
+                map,
+                t,
+                "outcome",
+                Outcome::parse,
+                "confirmed, refused, unknown",
+            )?;
+            if map.contains_key("via") {
+                one_of(map, t, "via", Via::parse, "direct, reconciliation, human")?;
+            }
+            Ok(())
+        }
+        EventType::HumanReviewRequested => {
+            string_field(map, t, "reason")?;
+            Ok(())
+        }
+        EventType::HumanReviewResolved => {
+            string_field(map, t, "decision")?;
+            if map.contains_key("idempotency_key") {
+                string_field(map, t, "idempotency_key")?;
+                one_of(
+                    map,
+                    t,
+                    "decision",
+                    |s| Outcome::parse(s).filter(|o| *o != Outcome::Unknown),
+                    "confirmed, refused (for an effect)",
+                )?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The `via` of an outcome payload (`direct` when absent).
+pub(super) fn via_of(payload: &Value) -> Via {
+    payload
+        .get("via")
+        .and_then(Value::as_str)
+        .and_then(Via::parse)
+        .unwrap_or(Via::Direct)
+}

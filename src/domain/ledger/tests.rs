@@ -1,0 +1,604 @@
+use serde_json::{Value, json};
+
+use super::*;
+
+fn new(t: EventType, run: &str, turn: &str, payload: Value) -> NewEvent {
+    NewEvent {
+        event_type: t,
+        run_id: run.into(),
+        turn_id: turn.into(),
+        agent_id: "refunds.v3".into(),
+        lamport: None,
+        versions: Versions {
+            model: "scripted".into(),
+            ..Versions::default()
+        },
+        payload,
+    }
+}
+
+/// Appends through the planner, as a store does; panics on refusal.
+fn push(state: &mut LedgerState, event: NewEvent) -> LedgerEvent {
+    try_push(state, event, Budgets::default()).expect("append")
+}
+
+fn try_push(
+    state: &mut LedgerState,
+    event: NewEvent,
+    budgets: Budgets,
+) -> Result<LedgerEvent, Rejection> {
+    let request = AppendRequest {
+        event,
+        budgets,
+        ..AppendRequest::default()
+    };
+    let id = event_id(1_000 + i64::try_from(state.last_seq).unwrap_or(0), 7);
+    let plan = plan_append(state, &request, "b1", 0, id, 1_000)?;
+    *state = plan.state;
+    Ok(plan.event)
+}
+
+fn attempt(key: &str) -> Value {
+    json!({"tool": "issue_refund", "idempotency_key": key, "args": {"order": "A-1", "amount": 20}, "irreversible": true})
+}
+
+fn outcome(key: &str, outcome: &str, via: &str) -> Value {
+    json!({"idempotency_key": key, "outcome": outcome, "via": via, "result": {"refund_id": "r-1"}})
+}
+
+fn started() -> LedgerState {
+    let mut s = LedgerState::default();
+    push(&mut s, new(EventType::RunStarted, "run-1", "t1", json!({})));
+    s
+}
+
+#[test]
+fn envelope_fields_are_minted_by_the_server() {
+    let mut s = LedgerState::default();
+    let mut e = new(
+        EventType::RunStarted,
+        "run-1",
+        "t1",
+        json!({"goal_digest": "sha256:ab"}),
+    );
+    e.lamport = Some(40);
+    let first = push(&mut s, e);
+    assert_eq!(first.seq, 1);
+    assert_eq!(first.lamport, 41, "max(seen 0, client 40) + 1");
+    assert_eq!(first.versions.reducer, REDUCER_VERSION);
+    assert_eq!(first.versions.schema, "RunStarted/1");
+    assert_eq!(first.versions.model, "scripted");
+    assert!(first.intent_hash.starts_with("sha256:"));
+    let mut e = new(EventType::ContextAssembled, "run-1", "t1", json!({}));
+    e.lamport = Some(3);
+    let second = push(&mut s, e);
+    assert_eq!(
+        (second.seq, second.lamport),
+        (2, 42),
+        "the server's counter wins"
+    );
+    assert_eq!(second.event_id.len(), 26);
+}
+
+#[test]
+fn event_ids_sort_by_time() {
+    let a = event_id(1_700_000_000_000, u128::MAX);
+    let b = event_id(1_700_000_000_001, 0);
+    assert!(a < b, "{a} < {b}");
+    assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+}
+
+#[test]
+fn intent_hash_ignores_key_order_but_not_values() {
+    let a = intent_hash(
+        EventType::EffectAttempted,
+        &json!({"a": 1, "b": {"x": 1, "y": 2}}),
+    );
+    let b = intent_hash(
+        EventType::EffectAttempted,
+        &json!({"b": {"y": 2, "x": 1}, "a": 1}),
+    );
+    let c = intent_hash(
+        EventType::EffectAttempted,
+        &json!({"a": 2, "b": {"x": 1, "y": 2}}),
+    );
+    let d = intent_hash(
+        EventType::GuardrailEvaluated,
+        &json!({"a": 1, "b": {"x": 1, "y": 2}}),
+    );
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_ne!(a, d, "the type is part of the hash");
+}
+
+#[test]
+fn hidden_reasoning_and_transcripts_are_refused_at_any_depth() {
+    for name in [
+        "Thought-Process",
+        "ANALYSIS",
+        "chain_of_thought",
+        "reasoning",
+        "transcript",
+        "raw_transcript",
+        "scratch_pad",
+        "why",
+    ] {
+        let payload = json!({"outer": [{"inner": {name: "..."}}]});
+        let err = validate_payload(EventType::ContextAssembled, &payload).expect_err(name);
+        assert_eq!(err.code(), "invalid", "{name}");
+        assert!(
+            err.to_string().contains(&format!("outer.0.inner.{name}")),
+            "{err}"
+        );
+    }
+    for name in [
+        "analysis_digest",
+        "transcript_sha256",
+        "rationale",
+        "reasoning_hash",
+        "analyst",
+    ] {
+        validate_payload(EventType::ContextAssembled, &json!({"x": {name: "v"}}))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn payloads_are_bounded_and_typed() {
+    let big = json!({"blob": "x".repeat(MAX_PAYLOAD_BYTES)});
+    let err = validate_payload(EventType::ContextAssembled, &big).expect_err("too large");
+    assert_eq!(err.code(), "too_large");
+    assert_eq!(
+        validate_payload(EventType::EffectAttempted, &json!({"tool": "t"}))
+            .expect_err("key")
+            .code(),
+        "invalid"
+    );
+    let err = validate_payload(
+        EventType::EffectOutcomeObserved,
+        &json!({"idempotency_key": "k", "outcome": "success"}),
+    )
+    .expect_err("outcome");
+    assert!(
+        err.to_string().contains("confirmed, refused, unknown"),
+        "{err}"
+    );
+    assert!(validate_payload(EventType::RunStarted, &json!([1])).is_err());
+    assert!(
+        validate_payload(
+            EventType::GuardrailEvaluated,
+            &json!({"guardrail": "pii", "result": "skip"})
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn the_vocabulary_has_no_tool_executed() {
+    assert!(EventType::parse("ToolExecuted").is_none());
+    assert!(serde_json::from_value::<EventType>(json!("ToolExecuted")).is_err());
+    for t in EventType::ALL {
+        assert_eq!(EventType::parse(t.as_str()), Some(t));
+    }
+}
+
+#[test]
+fn a_confirmed_effect_is_never_attempted_again() {
+    let mut s = started();
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+    );
+    // In flight: no second attempt without an outcome in between.
+    let err = try_push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+        Budgets::default(),
+    )
+    .expect_err("in flight");
+    assert_eq!(err.code(), "effect_unresolved");
+    push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "confirmed", "direct"),
+        ),
+    );
+    let err = try_push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-2", "t1", attempt("k1")),
+        Budgets::default(),
+    )
+    .expect_err("confirmed");
+    assert!(matches!(
+        err,
+        Rejection::Conflict { .. } | Rejection::EffectConfirmed { .. }
+    ));
+    let err = try_push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t2", attempt("k1")),
+        Budgets::default(),
+    )
+    .expect_err("confirmed");
+    assert_eq!(err.code(), "effect_confirmed");
+    assert_eq!(s.effects["k1"].result, Some(json!({"refund_id": "r-1"})));
+}
+
+#[test]
+fn a_refused_effect_may_be_attempted_again() {
+    let mut s = started();
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+    );
+    push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "refused", "direct"),
+        ),
+    );
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+    );
+    assert_eq!(s.effects["k1"].attempts, 2);
+    assert_eq!(s.effects["k1"].status, EffectStatus::Attempted);
+}
+
+#[test]
+fn an_unknown_outcome_needs_reconciliation_or_a_person() {
+    let mut s = started();
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+    );
+    push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "unknown", "direct"),
+        ),
+    );
+    assert_eq!(
+        try_push(
+            &mut s,
+            new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+            Budgets::default()
+        )
+        .expect_err("unknown")
+        .code(),
+        "effect_unresolved"
+    );
+    assert_eq!(
+        try_push(
+            &mut s,
+            new(
+                EventType::EffectOutcomeObserved,
+                "run-1",
+                "t1",
+                outcome("k1", "confirmed", "direct")
+            ),
+            Budgets::default()
+        )
+        .expect_err("direct")
+        .code(),
+        "conflict"
+    );
+    let err = try_push(
+        &mut s,
+        new(
+            EventType::RunCompleted,
+            "run-1",
+            "t1",
+            json!({"outcome": "resolved"}),
+        ),
+        Budgets::default(),
+    )
+    .expect_err("resolved with an unknown effect");
+    assert_eq!(err.code(), "effect_unresolved");
+    push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "confirmed", "reconciliation"),
+        ),
+    );
+    assert_eq!(s.effects["k1"].status, EffectStatus::Confirmed);
+    assert_eq!(s.effects["k1"].via, Some(Via::Reconciliation));
+    push(
+        &mut s,
+        new(
+            EventType::RunCompleted,
+            "run-1",
+            "t1",
+            json!({"outcome": "resolved"}),
+        ),
+    );
+}
+
+#[test]
+fn human_review_decides_an_unreconcilable_effect() {
+    let mut s = started();
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+    );
+    push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "unknown", "direct"),
+        ),
+    );
+    push(
+        &mut s,
+        new(
+            EventType::HumanReviewRequested,
+            "run-1",
+            "t1",
+            json!({"idempotency_key": "k1", "reason": "provider cannot be queried"}),
+        ),
+    );
+    assert_eq!(s.effects["k1"].status, EffectStatus::AwaitingHuman);
+    assert_eq!(
+        try_push(
+            &mut s,
+            new(
+                EventType::EffectOutcomeObserved,
+                "run-1",
+                "t1",
+                outcome("k1", "confirmed", "reconciliation")
+            ),
+            Budgets::default()
+        )
+        .expect_err("awaiting a person")
+        .code(),
+        "conflict"
+    );
+    push(
+        &mut s,
+        new(
+            EventType::HumanReviewResolved,
+            "run-1",
+            "t1",
+            json!({"idempotency_key": "k1", "decision": "refused"}),
+        ),
+    );
+    assert_eq!(s.effects["k1"].status, EffectStatus::Refused);
+    assert_eq!(s.effects["k1"].via, Some(Via::Human));
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t2", attempt("k1")),
+    );
+}
+
+#[test]
+fn budgets_trip_with_a_specific_code() {
+    let mut s = started();
+    let budgets = Budgets {
+        per_turn: Budget {
+            irreversible: Some(1),
+            ..Budget::default()
+        },
+        per_run: Budget {
+            tokens: Some(100),
+            ..Budget::default()
+        },
+    };
+    try_push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+        budgets,
+    )
+    .expect("first");
+    let err = try_push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k2")),
+        budgets,
+    )
+    .expect_err("second irreversible in one turn");
+    assert_eq!(err.code(), "budget_exceeded");
+    assert!(
+        err.to_string().contains("per-turn irreversible effects"),
+        "{err}"
+    );
+    try_push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t2", attempt("k2")),
+        budgets,
+    )
+    .expect("next turn");
+    try_push(
+        &mut s,
+        new(
+            EventType::ContextAssembled,
+            "run-1",
+            "t2",
+            json!({"usage": {"tokens": 90}}),
+        ),
+        budgets,
+    )
+    .expect("90 tokens");
+    let err = try_push(
+        &mut s,
+        new(
+            EventType::ContextAssembled,
+            "run-1",
+            "t3",
+            json!({"usage": {"tokens": 11}}),
+        ),
+        budgets,
+    )
+    .expect_err("101 tokens");
+    assert!(err.to_string().contains("per-run tokens"), "{err}");
+    assert_eq!(s.last_seq, 4, "refusals appended nothing");
+}
+
+#[test]
+fn runs_start_once_and_close_once() {
+    let mut s = started();
+    assert_eq!(
+        try_push(
+            &mut s,
+            new(EventType::RunStarted, "run-1", "t1", json!({})),
+            Budgets::default()
+        )
+        .expect_err("again")
+        .code(),
+        "conflict"
+    );
+    assert!(
+        try_push(
+            &mut s,
+            new(EventType::ContextAssembled, "run-9", "t1", json!({})),
+            Budgets::default()
+        )
+        .is_err()
+    );
+    push(
+        &mut s,
+        new(
+            EventType::RunCompleted,
+            "run-1",
+            "t1",
+            json!({"outcome": "handed_to_human"}),
+        ),
+    );
+    assert_eq!(s.runs["run-1"].outcome, Some(RunOutcomeKind::HandedToHuman));
+    assert!(
+        try_push(
+            &mut s,
+            new(EventType::ContextAssembled, "run-1", "t2", json!({})),
+            Budgets::default()
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn three_identical_intents_in_a_row_are_a_loop() {
+    let mut s = started();
+    for i in 0..3 {
+        push(
+            &mut s,
+            new(EventType::EffectAttempted, "run-1", "t1", attempt("same")),
+        );
+        push(
+            &mut s,
+            new(
+                EventType::EffectOutcomeObserved,
+                "run-1",
+                "t1",
+                outcome("same", "refused", "direct"),
+            ),
+        );
+        let run = &s.runs["run-1"];
+        assert_eq!(run.loops_detected, u64::from(i == 2));
+    }
+    let run = &s.runs["run-1"];
+    assert_eq!((run.actions, run.repeated_actions), (3, 2));
+}
+
+#[test]
+fn expected_last_sequence_is_a_precondition() {
+    let s = started();
+    let request = AppendRequest {
+        event: new(EventType::ContextAssembled, "run-1", "t1", json!({})),
+        expected_last_seq: Some(0),
+        ..AppendRequest::default()
+    };
+    let err = plan_append(&s, &request, "b1", 0, event_id(1, 1), 1).expect_err("stale");
+    assert_eq!(err.code(), "sequence_conflict");
+    let request = AppendRequest {
+        expected_last_seq: Some(1),
+        ..request
+    };
+    assert_eq!(
+        plan_append(&s, &request, "b1", 0, event_id(1, 1), 1)
+            .expect("ok")
+            .event
+            .seq,
+        2
+    );
+}
+
+#[test]
+fn replay_folds_to_the_state_the_appends_built() {
+    let mut s = LedgerState::default();
+    let mut events = vec![push(
+        &mut s,
+        new(EventType::RunStarted, "run-1", "t1", json!({})),
+    )];
+    events.push(push(
+        &mut s,
+        new(
+            EventType::GuardrailEvaluated,
+            "run-1",
+            "t1",
+            json!({"guardrail": "pii", "result": "skip"}),
+        ),
+    ));
+    events.push(push(
+        &mut s,
+        new(
+            EventType::ContextAssembled,
+            "run-1",
+            "t1",
+            json!({"budget": {"used_tokens": 800, "limit_tokens": 1000}}),
+        ),
+    ));
+    events.push(push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k")),
+    ));
+    events.push(push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k", "confirmed", "direct"),
+        ),
+    ));
+    assert_eq!(LedgerState::replay(&events), s);
+    // A snapshot at an offset plus the tail folds to the same state.
+    let mut from_snapshot = LedgerState::replay(&events[..2]);
+    for e in &events[2..] {
+        from_snapshot.apply(e);
+    }
+    assert_eq!(from_snapshot, s);
+    let run = &s.runs["run-1"];
+    assert_eq!(run.guardrails_skipped, 1);
+    assert_eq!(run.context_utilisation, [0, 0, 0, 1, 0, 0]);
+}
+
+#[test]
+fn idempotent_retries_compare_the_whole_request() {
+    let mut s = started();
+    let e = new(EventType::ContextAssembled, "run-1", "t1", json!({"a": 1}));
+    let original = push(&mut s, e.clone());
+    let mut retried = e.clone();
+    retried.lamport = Some(99);
+    assert_eq!(
+        replay_or_mismatch(original.clone(), &retried).expect("same"),
+        original
+    );
+    let other = new(EventType::ContextAssembled, "run-1", "t1", json!({"a": 2}));
+    assert_eq!(
+        replay_or_mismatch(original, &other)
+            .expect_err("other")
+            .code(),
+        "idempotency_mismatch"
+    );
+}

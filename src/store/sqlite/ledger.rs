@@ -1,0 +1,226 @@
+//! The run ledger on SQLite: one writer transaction per append checks the fence, looks up
+//! the idempotency digest, decides against the stored head and writes the event and the
+//! new head (see [`crate::store::ledger`]).
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{ScopeKey, SqlContext, admit, corrupt, get_u64, sql_int, touch};
+use crate::{
+    domain::ledger::{AppendRequest, LedgerEvent, LedgerState},
+    store::{
+        Result,
+        ledger::{Decision, LedgerAppend, LedgerSnapshot, decode, plan},
+    },
+};
+
+/// Schema version 3: the run ledger. Applied on top of version 2.
+pub(super) const SCHEMA_V3: &str = r"
+CREATE TABLE harness_ledger_heads (
+    binding_id    TEXT    NOT NULL REFERENCES harness_sessions (id) ON DELETE CASCADE,
+    epoch         INTEGER NOT NULL,
+    last_seq      INTEGER NOT NULL CHECK (last_seq >= 0),
+    updated_at_ms INTEGER NOT NULL,
+    state_json    TEXT    NOT NULL,
+    PRIMARY KEY (binding_id, epoch)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE harness_ledger_events (
+    binding_id         TEXT    NOT NULL REFERENCES harness_sessions (id) ON DELETE CASCADE,
+    epoch              INTEGER NOT NULL,
+    seq                INTEGER NOT NULL CHECK (seq >= 1),
+    run_id             TEXT    NOT NULL,
+    idempotency_digest TEXT,
+    event_json         TEXT    NOT NULL,
+    PRIMARY KEY (binding_id, epoch, seq)
+) STRICT;
+-- Idempotent appends: one event per digest per binding and epoch.
+CREATE UNIQUE INDEX harness_ledger_events_idempotency
+    ON harness_ledger_events (binding_id, epoch, idempotency_digest)
+    WHERE idempotency_digest IS NOT NULL;
+-- Run reads.
+CREATE INDEX harness_ledger_events_run ON harness_ledger_events (binding_id, epoch, run_id, seq);
+
+CREATE TABLE harness_ledger_snapshots (
+    binding_id  TEXT    NOT NULL REFERENCES harness_sessions (id) ON DELETE CASCADE,
+    epoch       INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    taken_at_ms INTEGER NOT NULL,
+    state_json  TEXT    NOT NULL,
+    PRIMARY KEY (binding_id, epoch, seq)
+) STRICT;
+";
+
+fn head(conn: &Connection, id: &str, epoch: i64) -> Result<LedgerState> {
+    let json: Option<String> = conn
+        .prepare_cached(
+            "SELECT state_json FROM harness_ledger_heads WHERE binding_id = ?1 AND epoch = ?2",
+        )
+        .ctx("preparing the ledger head read")?
+        .query_row(params![id, epoch], |r| r.get(0))
+        .optional()
+        .ctx("reading the ledger head")?;
+    match json {
+        None => Ok(LedgerState::default()),
+        Some(json) => decode("ledger head", &json).map_err(|e| corrupt("ledger head", e)),
+    }
+}
+
+fn event_of(json: &str) -> Result<LedgerEvent> {
+    decode("ledger event", json).map_err(|e| corrupt("ledger event", e))
+}
+
+pub(super) fn append(
+    conn: &Connection,
+    scope: &ScopeKey,
+    request: &AppendRequest,
+    now: i64,
+) -> Result<LedgerAppend> {
+    let epoch = admit(conn, scope)?;
+    let id = scope.id();
+    let original = match &request.idempotency {
+        None => None,
+        Some(digest) => conn
+            .prepare_cached(
+                "SELECT event_json FROM harness_ledger_events \
+                 WHERE binding_id = ?1 AND epoch = ?2 AND idempotency_digest = ?3",
+            )
+            .ctx("preparing the ledger idempotency lookup")?
+            .query_row(params![id, epoch, digest], |r| r.get::<_, String>(0))
+            .optional()
+            .ctx("looking up the ledger idempotency key")?
+            .map(|json| event_of(&json))
+            .transpose()?,
+    };
+    let state = head(conn, id, epoch)?;
+    match plan(&state, original, request, id, scope.epoch, now)? {
+        Decision::Replay(event) => Ok(LedgerAppend {
+            event: *event,
+            replayed: true,
+        }),
+        Decision::Append(planned) => {
+            let event_json =
+                serde_json::to_string(&planned.event).map_err(|e| corrupt("ledger event", e))?;
+            let state_json =
+                serde_json::to_string(&planned.state).map_err(|e| corrupt("ledger head", e))?;
+            let seq = sql_int("sequence", planned.event.seq)?;
+            conn.prepare_cached(
+                "INSERT INTO harness_ledger_events \
+                 (binding_id, epoch, seq, run_id, idempotency_digest, event_json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .ctx("preparing the ledger append")?
+            .execute(params![
+                id,
+                epoch,
+                seq,
+                planned.event.run_id,
+                request.idempotency,
+                event_json
+            ])
+            .ctx("appending the ledger event")?;
+            conn.prepare_cached(
+                "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (binding_id, epoch) DO UPDATE SET \
+                 last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
+                 state_json = excluded.state_json",
+            )
+            .ctx("preparing the ledger head write")?
+            .execute(params![id, epoch, seq, now, state_json])
+            .ctx("writing the ledger head")?;
+            touch(conn, id, now)?;
+            Ok(LedgerAppend {
+                event: planned.event,
+                replayed: false,
+            })
+        }
+    }
+}
+
+pub(super) fn events(
+    conn: &Connection,
+    scope: &ScopeKey,
+    run_id: Option<&str>,
+    after: u64,
+    limit: i64,
+) -> Result<Vec<LedgerEvent>> {
+    let epoch = admit(conn, scope)?;
+    let after = sql_int("after sequence", after)?;
+    let rows: Vec<String> = match run_id {
+        Some(run) => conn
+            .prepare_cached(
+                "SELECT event_json FROM harness_ledger_events \
+                 WHERE binding_id = ?1 AND epoch = ?2 AND run_id = ?3 AND seq > ?4 \
+                 ORDER BY seq LIMIT ?5",
+            )
+            .ctx("preparing the run read")?
+            .query_map(params![scope.id(), epoch, run, after, limit], |r| r.get(0))
+            .ctx("reading run events")?
+            .collect::<rusqlite::Result<_>>()
+            .ctx("reading run events")?,
+        None => conn
+            .prepare_cached(
+                "SELECT event_json FROM harness_ledger_events \
+                 WHERE binding_id = ?1 AND epoch = ?2 AND seq > ?3 ORDER BY seq LIMIT ?4",
+            )
+            .ctx("preparing the ledger read")?
+            .query_map(params![scope.id(), epoch, after, limit], |r| r.get(0))
+            .ctx("reading ledger events")?
+            .collect::<rusqlite::Result<_>>()
+            .ctx("reading ledger events")?,
+    };
+    rows.iter().map(|j| event_of(j)).collect()
+}
+
+pub(super) fn state(conn: &Connection, scope: &ScopeKey) -> Result<LedgerState> {
+    let epoch = admit(conn, scope)?;
+    head(conn, scope.id(), epoch)
+}
+
+pub(super) fn snapshot(conn: &Connection, scope: &ScopeKey, now: i64) -> Result<LedgerSnapshot> {
+    let epoch = admit(conn, scope)?;
+    let state = head(conn, scope.id(), epoch)?;
+    let json = serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
+    conn.prepare_cached(
+        "INSERT INTO harness_ledger_snapshots (binding_id, epoch, seq, taken_at_ms, state_json) \
+         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+    )
+    .ctx("preparing the snapshot write")?
+    .execute(params![
+        scope.id(),
+        epoch,
+        sql_int("sequence", state.last_seq)?,
+        now,
+        json
+    ])
+    .ctx("writing the snapshot")?;
+    latest_snapshot(conn, scope.id(), epoch)?
+        .ok_or_else(|| corrupt("ledger snapshot", "missing after its write"))
+}
+
+fn latest_snapshot(conn: &Connection, id: &str, epoch: i64) -> Result<Option<LedgerSnapshot>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT seq, taken_at_ms, state_json FROM harness_ledger_snapshots \
+             WHERE binding_id = ?1 AND epoch = ?2 ORDER BY seq DESC LIMIT 1",
+        )
+        .ctx("preparing the snapshot read")?
+        .query_row(params![id, epoch], |r| {
+            Ok((get_u64(r, 0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        })
+        .optional()
+        .ctx("reading the snapshot")?;
+    row.map(|(seq, taken_at_ms, json)| {
+        Ok(LedgerSnapshot {
+            seq,
+            taken_at_ms,
+            state: decode("ledger snapshot", &json).map_err(|e| corrupt("ledger snapshot", e))?,
+        })
+    })
+    .transpose()
+}
+
+pub(super) fn snapshot_of(conn: &Connection, scope: &ScopeKey) -> Result<Option<LedgerSnapshot>> {
+    let epoch = admit(conn, scope)?;
+    latest_snapshot(conn, scope.id(), epoch)
+}
