@@ -13,6 +13,7 @@ set -euo pipefail
 : "${KUBECONFIG:?source the real node env first (e2e/scripts/realnode.sh up)}"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 K() { "$HARNESS_E2E_BIN/kubectl" "$@"; }
+ctr_() { ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io "$@"; }
 HELM=$("$repo/e2e/scripts/build-tools.sh")/helm
 home=$(mktemp -d); trap 'rm -rf "$home"' EXIT
 export HELM_CACHE_HOME=$home/c HELM_CONFIG_HOME=$home/f HELM_DATA_HOME=$home/d
@@ -26,14 +27,20 @@ fail() {
   exit 1
 }
 until_ok() { # seconds what cmd...
-  local deadline=$(($(date +%s) + $1)) what=$2; shift 2
-  until "$@" >/dev/null 2>&1; do (($(date +%s) < deadline)) || fail "$what (after ${deadline}s)"; sleep 0.5; done
+  local secs=$1 deadline=$(($(date +%s) + $1)) what=$2; shift 2
+  until "$@" >/dev/null 2>&1; do (($(date +%s) < deadline)) || fail "$what (after ${secs}s)"; sleep 0.5; done
 }
+
+# A run before this one deletes its namespaces without waiting: wait here.
+absent() { ! K get namespace "$1" >/dev/null 2>&1; }
+until_ok 180 "namespace $APP of an earlier run still terminating" absent $APP
+until_ok 180 "namespace $NS of an earlier run still terminating" absent $NS
 
 # The embedded store's volume: a hostPath PersistentVolume pre-bound to the chart's claim
 # (there is no provisioner on this node), writable by the image's 65532.
 pv_dir=$HARNESS_E2E_RUN/pv/harness-engine-data
 rm -rf "$pv_dir"; mkdir -p "$pv_dir"; chown 65532:65532 "$pv_dir"
+K delete pv harness-engine-data-e2e --ignore-not-found --timeout=60s >/dev/null
 K apply -f - >/dev/null <<EOF2
 apiVersion: v1
 kind: PersistentVolume
@@ -62,6 +69,10 @@ if K get clusterrolebindings -o json | grep -q "\"name\": \"$sa\"" && \
 fi
 
 # 2. The data plane Service (no cluster DNS on this node: workers get the ClusterIP).
+# The worker image is pinned by its manifest digest, as a SandboxProfile requires
+# (realnode.sh imports every image under name@digest too, as a registry pull would).
+digest=$(ctr_ images ls | awk '$1 == "localhost/harness-engine/worker:dev" {print $3}')
+[[ $digest == sha256:* ]] || fail "worker image not imported (ctr images ls)"
 api=$(K -n $NS get svc harness-engine -o jsonpath='{.spec.clusterIP}')
 K create namespace $APP >/dev/null
 K -n $APP apply -f - >/dev/null <<EOF2
@@ -84,7 +95,7 @@ spec:
       nodeSelector: {type: real}
       containers:
       - name: worker
-        image: localhost/harness-engine/worker:dev
+        image: localhost/harness-engine/worker@$digest
         imagePullPolicy: Never
         env:
         - {name: HARNESS_ENGINE_ENDPOINT, value: "http://$api:8080"}
@@ -104,9 +115,9 @@ spec: {replicas: 1, sandboxTemplateRef: {name: python-worker}}
 EOF2
 say "warm pool created; waiting for a warm worker pod"
 until_ok 120 "no Ready warm worker pod" K -n $APP wait --for=condition=Ready pod -l app.kubernetes.io/name=harness-worker --timeout=2s
-digest=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].status.containerStatuses[0].imageID}')
-digest=sha256:${digest##*sha256:}
-say "worker image $digest"
+image_id=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].status.containerStatuses[0].imageID}')
+[[ $image_id == *"@$digest" ]] || fail "the kubelet reports worker image $image_id, not $digest"
+say "worker image $image_id"
 
 # 3. The profile (its digest is the worker image's, as the kubelet reports it).
 K -n $APP apply -f - >/dev/null <<EOF2 || fail "profile refused"
@@ -124,8 +135,9 @@ spec:
   hibernation: never
 EOF2
 
-# 4. The webhook through its Service: a binding whose options carry a credential is
-# refused by the operator's webhook (a rule CEL cannot express).
+# 4. The webhook through its Service: a binding naming a SandboxProfile that does not
+# exist is refused by the operator's webhook (a reference to another object: a rule CEL
+# cannot express, so only the webhook can answer it).
 bad=$(K -n $APP apply -f - 2>&1 <<EOF2 || true
 apiVersion: harness-engine.dev/v1alpha1
 kind: HarnessBinding
@@ -134,12 +146,16 @@ spec:
   agentId: research-assistant
   conversationId: conv-leaky
   subjectRef: hmac-sha256:5f0c6c8f3f5b0e1c2a9d4b7e8f6a1c3d2e4b5a6978c0d1e2f3a4b5c6d7e8f901
-  harness: {id: deepagents, contractVersion: 1, options: {apiKey: sk-live-0123456789abcdef}}
-  sandboxProfileRef: {name: python-worker}
+  harness: {id: deepagents, contractVersion: 1}
+  sandboxProfileRef: {name: no-such-profile}
   epoch: 0
 EOF2
 )
-echo "$bad" | grep -q 'admission webhook "harnessbindings.harness-engine.dev" denied' || fail "webhook did not answer: $bad"
+echo "$bad" | grep -q 'SandboxProfile "no-such-profile" does not exist in namespace' || fail "webhook did not answer: $bad"
+# The API server's own account: it called our webhook and the webhook rejected.
+K get --raw /metrics | grep 'apiserver_admission_webhook_admission_duration_seconds_count{' |
+  grep 'name="harnessbindings.harness-engine.dev"' | grep -q 'rejected="true"' ||
+  fail "the API server recorded no rejection by harnessbindings.harness-engine.dev"
 say "webhook (API server -> Service harness-engine-webhook -> operator pod) refused: $(echo "$bad" | head -1 | cut -c1-200)"
 
 # A binding (the test applies it, as a chat backend's bind would create it).
@@ -186,7 +202,7 @@ echo "$out" | grep -q '"reply": "turn 2: again"' || fail "turn 2 did not resume 
 say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
 
 # 6. helm upgrade to a changed image (same binary, new tag): the binding and its head stay.
-ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io images tag --force \
+ctr_ images tag --force \
   localhost/harness-engine/operator:dev localhost/harness-engine/operator:dev-upgrade >/dev/null
 g2=$(gen)
 "$HELM" upgrade harness-engine "$repo/charts/harness-engine" -n $NS --reuse-values \
@@ -204,6 +220,10 @@ K -n $APP delete sandboxwarmpool python-worker --timeout=60s >/dev/null
 gone() { [[ -z $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null) ]] && [[ -z $(K -n $NS get pods -o name 2>/dev/null) ]]; }
 until_ok 120 "left behind: $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null | tr '\n' ' ')" gone
 say "helm uninstall: no claim, Sandbox or pod left"
-K delete namespace $APP --wait=false >/dev/null
+# What uninstall keeps on purpose (the identity key Secret and the store's claim: a
+# reinstall must find the same conversations) goes with the namespace here.
+kept=$(K -n $NS get secret,pvc -o name 2>/dev/null | tr '\n' ' ')
+say "kept by helm uninstall (resource policy keep): $kept"
+K delete namespace $APP $NS --wait=false >/dev/null
 K delete pv harness-engine-data-e2e --wait=false >/dev/null 2>&1 || true
 echo "production path: passed in $(printf '%.1f' "$(echo "$(date +%s.%N) - $T0" | bc)")s"
