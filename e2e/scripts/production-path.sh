@@ -31,7 +31,15 @@ until_ok() { # seconds what cmd...
   until "$@" >/dev/null 2>&1; do (($(date +%s) < deadline)) || fail "$what (after ${secs}s)"; sleep 0.5; done
 }
 
-# A run before this one deletes its namespaces without waiting: wait here.
+# What an earlier run left (it failed midway, or deleted its namespaces without waiting):
+# bindings first, while their operator can still release them, then the release.
+if "$HELM" status harness-engine -n $NS >/dev/null 2>&1 || K get namespace $APP >/dev/null 2>&1; then
+  say "removing what an earlier run left"
+  K -n $APP delete harnessbindings --all --timeout=90s >/dev/null 2>&1 || true
+  K -n $APP delete sandboxwarmpools --all --timeout=60s >/dev/null 2>&1 || true
+  "$HELM" uninstall harness-engine -n $NS --wait --timeout 120s >/dev/null 2>&1 || true
+  K delete namespace $APP $NS --ignore-not-found --wait=false >/dev/null
+fi
 absent() { ! K get namespace "$1" >/dev/null 2>&1; }
 until_ok 180 "namespace $APP of an earlier run still terminating" absent $APP
 until_ok 180 "namespace $NS of an earlier run still terminating" absent $NS
@@ -191,6 +199,8 @@ say "turn 1 committed by the worker: $out"
 
 # 5. The worker pod is deleted: a new generation, a new pod, resuming from the head.
 g1=$(gen)
+token_of() { K -n $APP exec "$1" -- python3 -c 'print(open("/var/run/secrets/harness-engine/token").read())'; }
+old_token=$(token_of "$pod") || fail "cannot read the worker's projected token"
 K -n $APP delete pod "$pod" --wait=false >/dev/null
 replaced() { ready && [[ $(gen) -gt $g1 ]]; }
 until_ok 180 "binding not replaced after the pod was deleted" replaced
@@ -200,18 +210,54 @@ until_ok 60 "replacement pod not Ready" K -n $APP wait --for=condition=Ready pod
 out=$(turn "$pod2" again) || fail "turn 2: $out"
 echo "$out" | grep -q '"reply": "turn 2: again"' || fail "turn 2 did not resume from the head: $out"
 say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
+# Late writes at the old generation: with the deleted pod's own token (refused by
+# authentication once its pod object is gone, by the fence while it terminates or while
+# its TokenReview is cached) and with the live pod's token (refused by the fence).
+op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
+late() { # token -> "<http status> <body>"
+  curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
+    -H "Authorization: Bearer $1" -H 'Content-Type: application/octet-stream' \
+    -H "Idempotency-Key: late-$RANDOM$RANDOM" -H 'Harness-Epoch: 0' \
+    -H "Harness-Lease-Generation: $g1" -H 'Harness-Codec: langgraph.checkpoint.v1' \
+    --data-binary 'late' "http://$op_ip:8080/v1/bindings/$bid/state/pending" 2>&1
+}
+late_old=$(late "$old_token")
+[[ $late_old == *'"unauthenticated"'*401 || $late_old == *'"stale_lease"'*409 ]] || fail "the deleted pod's late write was not refused: $late_old"
+late_new=$(late "$(token_of "$pod2")")
+[[ $late_new == *'"stale_lease"'*409 ]] || fail "a write at generation $g1 was not refused as stale: $late_new"
+say "late writes at generation $g1 refused: deleted pod's token -> ${late_old: -3} $(echo "$late_old" | grep -o '"code":"[a-z_]*"'); live pod at the old generation -> 409 stale_lease"
 
 # 6. helm upgrade to a changed image (same binary, new tag): the binding and its head stay.
 ctr_ images tag --force \
   localhost/harness-engine/operator:dev localhost/harness-engine/operator:dev-upgrade >/dev/null
+# The worker keeps taking turns throughout: the embedded store's Deployment is Recreate
+# (one writer), so the data plane is down for a few seconds, and the client's retry window
+# (backoff with jitter) must outlast that without losing or repeating a turn.
 g2=$(gen)
+during=$home/during; : >"$during"
+(
+  i=0
+  while [[ ! -f $home/upgraded ]]; do
+    i=$((i + 1))
+    r=$(turn "$pod2" "during-$i" 2>&1) || r="FAILED $r"
+    echo "$i $r" >>"$during"
+  done
+) &
+turner=$!
 "$HELM" upgrade harness-engine "$repo/charts/harness-engine" -n $NS --reuse-values \
   --set image.tag=dev-upgrade --wait --timeout 180s >/dev/null || fail "helm upgrade"
-[[ $(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.containers[0].image}') == *:dev-upgrade ]] || fail "upgrade did not change the image"
 until_ok 60 "binding not Ready after the upgrade" ready
-out=$(turn "$pod2" upgraded) || fail "turn 3: $out"
-echo "$out" | grep -q '"reply": "turn 3: upgraded"' || fail "turn 3 after upgrade: $out"
-say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head: $out"
+sleep 1; touch "$home/upgraded"; wait "$turner"
+[[ $(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.containers[0].image}') == *:dev-upgrade ]] || fail "upgrade did not change the image"
+n=$(wc -l <"$during")
+((n >= 2)) || fail "the worker took $n turns during the upgrade"
+while read -r i r; do
+  want="\"reply\": \"turn $((2 + i)): during-$i\""
+  [[ $r == *"$want"* ]] || fail "turn during the upgrade lost or repeated: #$i -> $r"
+done <"$during"
+out=$(turn "$pod2" upgraded) || fail "turn after the upgrade: $out"
+echo "$out" | grep -q "\"reply\": \"turn $((3 + n)): upgraded\"" || fail "turn after the upgrade: $out"
+say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head; $n turns taken during the rolling restart, none lost or repeated; then: $out"
 
 # 7. Bindings deleted (their finalizer releases claims), then helm uninstall.
 K -n $APP delete harnessbinding conversation-1 --timeout=120s >/dev/null || fail "binding not deleted"
