@@ -11,7 +11,9 @@
 //! `gitops-check` (`e2e/gitops`), which runs the Argo CD health Lua of
 //! `deploy/gitops/argocd/health/` with gopher-lua, `status.Compute` of kstatus
 //! (sigs.k8s.io/cli-utils) and the `healthCheckExprs` of
-//! `deploy/gitops/flux/kustomization.yaml` with cel-go. Nothing is mocked.
+//! `deploy/gitops/flux/kustomization.yaml` with cel-go. Nothing is mocked. Two more
+//! tests need no control plane: the `argocd-cm` snippet (file and docs) is the Lua, and
+//! the example manifests decode into Flux's API types and name paths that exist.
 
 mod common;
 
@@ -249,6 +251,24 @@ fn the_argocd_snippet_is_generated_from_the_lua_and_shown_in_the_docs() {
     assert!(
         docs.contains(&format!("```yaml\n{committed}```")),
         "docs/install.md does not show deploy/gitops/argocd/argocd-cm.yaml verbatim"
+    );
+}
+
+/// The example Flux objects decode strictly into Flux's own API types (a misspelt field
+/// fails), the Applications carry what Argo CD requires, and every chart and kustomize
+/// path they name exists here.
+#[test]
+fn the_example_manifests_are_valid_and_point_at_real_paths() {
+    let out = Command::new(gitops_check())
+        .arg("validate")
+        .arg("--repo")
+        .arg(repo_path(""))
+        .output()
+        .expect("gitops-check runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 

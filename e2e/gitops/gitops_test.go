@@ -57,3 +57,16 @@ func TestTheConfigMapCarriesEveryScript(t *testing.T) {
 		}
 	}
 }
+
+func TestTheExampleManifestsAreValid(t *testing.T) {
+	if err := runValidate([]string{"--repo", "../.."}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAMisspeltFluxFieldIsRefused(t *testing.T) {
+	doc := []byte("apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {name: x}\nspec:\n  path: ./config/default\n  healthCheckExpr: []\n  sourceRef: {kind: GitRepository, name: x}\n  interval: 1m\n  prune: true\n")
+	if _, err := validateDoc("../..", doc); err == nil || !strings.Contains(err.Error(), "healthCheckExpr") {
+		t.Fatalf("a misspelt field passed: %v", err)
+	}
+}

@@ -15,6 +15,7 @@
 //
 //	gitops-check eval --argocd DIR --flux FILE < objects.json   (a JSON array of objects)
 //	gitops-check argocd-cm --argocd DIR                         (prints the argocd-cm snippet)
+//	gitops-check validate --repo ROOT                           (checks deploy/gitops/)
 package main
 
 import (
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: gitops-check eval|argocd-cm [flags]")
+		fmt.Fprintln(os.Stderr, "usage: gitops-check eval|argocd-cm|validate [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -36,8 +37,10 @@ func main() {
 		err = runEval(os.Args[2:], os.Stdin, os.Stdout)
 	case "argocd-cm":
 		err = runArgoCDConfigMap(os.Args[2:], os.Stdout)
+	case "validate":
+		err = runValidate(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (want eval or argocd-cm)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want eval, argocd-cm or validate)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "gitops-check:", err)
