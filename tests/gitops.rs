@@ -245,7 +245,8 @@ fn the_argocd_snippet_is_generated_from_the_lua_and_shown_in_the_docs() {
     assert_eq!(
         committed, generated,
         "deploy/gitops/argocd/argocd-cm.yaml drifted from the Lua files: regenerate it with \
-         `e2e/gitops/build.sh` and `<binary> argocd-cm --argocd deploy/gitops/argocd/health`"
+         `$(e2e/gitops/build.sh) argocd-cm --argocd deploy/gitops/argocd/health > deploy/gitops/argocd/argocd-cm.yaml` \
+         and copy it into docs/install.md"
     );
     let docs = std::fs::read_to_string(repo_path("docs/install.md")).expect("docs/install.md");
     assert!(
