@@ -5,9 +5,9 @@
 //! Agent Sandbox controller, kwok running the pods) and drives HarnessBindings,
 //! SandboxProfiles and MemoryPolicies into each state users meet: Ready, progressing
 //! (a claim not Ready yet; a generation the operator has not observed), failed (a
-//! refused profile, an invalid policy, a binding whose profile is missing), suspended
-//! (a hibernated binding, a disabled profile) and deleting (the finalizer holding the
-//! object). Each object is fetched with kubectl exactly as the tools see it and given to
+//! refused profile, an invalid policy, a binding whose profile is missing), recovered
+//! (the invalid policy fixed), suspended (a hibernated binding, a disabled profile) and
+//! deleting (the finalizer holding the object). Each object is fetched with kubectl exactly as the tools see it and given to
 //! `gitops-check` (`e2e/gitops`), which runs the Argo CD health Lua of
 //! `deploy/gitops/argocd/health/` with gopher-lua, `status.Compute` of kstatus
 //! (sigs.k8s.io/cli-utils) and the `healthCheckExprs` of
@@ -414,6 +414,40 @@ async fn every_state_reads_the_same_in_argocd_kstatus_and_flux() {
                 expect("Degraded", "InProgress", "Failed"),
             ),
         ],
+    );
+
+    // Fixing the policy clears Stalled: it reads healthy again everywhere.
+    policies
+        .patch(
+            "unreadable-writes",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"readScopes": ["user", "agent"]}})),
+        )
+        .await
+        .expect("fix the policy");
+    eventually(
+        Duration::from_secs(60),
+        "the fixed policy valid",
+        || async {
+            let p = policies.get_opt("unreadable-writes").await.ok()??;
+            let s = p.status?;
+            let stalled = conditions::get(&s.conditions, "Stalled")?;
+            (s.observed_generation == p.metadata.generation
+                && conditions::is_true(&s.conditions, "Ready")
+                && stalled.status == "False")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_health(
+        &check,
+        nsn,
+        "a fixed policy",
+        &[(
+            "memorypolicy",
+            "unreadable-writes",
+            expect("Healthy", "Current", "Current"),
+        )],
     );
 
     // Suspended on purpose: a hibernated binding, a disabled profile. kstatus has no
