@@ -73,7 +73,11 @@ fn secret_catalog_recall_and_false_positives() {
             .any(|f| f.rule_id() == rule);
         let gone = row["secrets"]
             .as_array()
-            .map(|s| s.iter().filter_map(Value::as_str).all(|s| !stored.contains(s)))
+            .map(|s| {
+                s.iter()
+                    .filter_map(Value::as_str)
+                    .all(|s| !stored.contains(s))
+            })
             .unwrap_or(false);
         if fired && gone {
             score.detected += 1;
@@ -186,7 +190,10 @@ fn injection_recall_per_technique_and_benign_false_positives() {
     println!("| technique | attacks | refused | recall |");
     println!("|---|---:|---:|---:|");
     for (t, (n, c)) in &by_technique {
-        println!("| {t} | {n} | {c} | {:.2} |", *c as f64 / (*n).max(1) as f64);
+        println!(
+            "| {t} | {n} | {c} | {:.2} |",
+            *c as f64 / (*n).max(1) as f64
+        );
     }
     println!("| **all** | {attacks} | {caught} | {recall:.3} |");
     println!(
@@ -301,8 +308,8 @@ fn sensitive_topics_are_held_for_approval() {
         admitted.join("\n")
     );
     // And an ordinary memory is still admitted at once.
-    let plain = put(&f, proposal("Prefers tables to bullet lists."))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let plain =
+        put(&f, proposal("Prefers tables to bullet lists.")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(plain.approval_status, ApprovalStatus::NotRequired);
 }
 
@@ -358,7 +365,10 @@ fn every_stored_string_is_scanned_provenance_included() {
         let err = put(&f, p).err().map(|e| (e.code(), e.to_string()));
         assert_eq!(err.as_ref().map(|e| e.0), Some(code), "{what}: {err:?}");
         if let Some((_, message)) = err {
-            assert!(!message.contains(secret), "{what}: the refusal echoes the secret");
+            assert!(
+                !message.contains(secret),
+                "{what}: the refusal echoes the secret"
+            );
         }
     }
     // The body is redacted, and what is stored never holds the token.

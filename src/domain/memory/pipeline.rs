@@ -173,7 +173,9 @@ pub fn prepare(proposal: Proposal, ctx: &WriteContext<'_>) -> Result<MemoryRecor
     ] {
         let Some(value) = value else { continue };
         if scan::redact(value).1 > 0 {
-            return Err(Rejection::Invalid(format!("{what} must not contain a secret")));
+            return Err(Rejection::Invalid(format!(
+                "{what} must not contain a secret"
+            )));
         }
         if let Some(a) = scan::authority_attempt(value) {
             return Err(Rejection::Forbidden(format!(

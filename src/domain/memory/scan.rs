@@ -57,10 +57,11 @@ struct Encoded {
 const MAX_DECODED_BYTES: usize = 64 * 1024;
 const MAX_DECODED_SEGMENTS: usize = 16;
 
-static BASE64_RUN: LazyLock<Regex> =
-    LazyLock::new(|| re(r"(?-u:\b)[A-Za-z0-9+/_\-]{16,}={0,2}"));
+static BASE64_RUN: LazyLock<Regex> = LazyLock::new(|| re(r"(?-u:\b)[A-Za-z0-9+/_\-]{16,}={0,2}"));
 static HEX_RUN: LazyLock<Regex> = LazyLock::new(|| {
-    re(r"(?:(?-u:\b)(?:[0-9A-Fa-f]{2}){8,}(?-u:\b)|(?:\\x[0-9A-Fa-f]{2}){6,}|(?:%[0-9A-Fa-f]{2}){6,}|(?-u:\b)(?:[0-9A-Fa-f]{2}[ :]){6,}[0-9A-Fa-f]{2}(?-u:\b))")
+    re(
+        r"(?:(?-u:\b)(?:[0-9A-Fa-f]{2}){8,}(?-u:\b)|(?:\\x[0-9A-Fa-f]{2}){6,}|(?:%[0-9A-Fa-f]{2}){6,}|(?-u:\b)(?:[0-9A-Fa-f]{2}[ :]){6,}[0-9A-Fa-f]{2}(?-u:\b))",
+    )
 });
 
 /// Decoded bytes count as text when they are UTF-8, mostly printable and hold a
@@ -79,7 +80,8 @@ fn decode_base64(run: &str) -> Option<String> {
     use base64::Engine;
     use base64::alphabet;
     use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-    let config = GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    let config =
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
     let standard = GeneralPurpose::new(&alphabet::STANDARD, config);
     let url_safe = GeneralPurpose::new(&alphabet::URL_SAFE, config);
     standard
@@ -265,27 +267,7 @@ const MAX_DECODE_DEPTH: usize = 2;
 /// letters (`1gn0re`) and letter-spaced words joined (`i g n o r e`). Embedded base64
 /// and hex that decode to text are checked the same way, to a bounded depth.
 pub fn authority_attempt(text: &str) -> Option<Authority> {
-    authority_attempt_at(text, 0)
-}
-
-fn authority_attempt_at(text: &str, depth: usize) -> Option<Authority> {
-    let views = Views::of(text);
-    for view in views.english() {
-        if let Some(a) = authority_in(view) {
-            return Some(a);
-        }
-    }
-    if OVERRIDE_TRANSLATED.is_match(&views.folded) {
-        return Some(Authority::PolicyOverride);
-    }
-    if depth < MAX_DECODE_DEPTH {
-        for segment in encoded_segments(&views.visible) {
-            if let Some(a) = authority_attempt_at(&segment.decoded, depth + 1) {
-                return Some(a);
-            }
-        }
-    }
-    None
+    Views::authority(&Views::all(text))
 }
 
 /// Whether the words just before `at` negate what follows ("don't forget the rules").
@@ -353,6 +335,34 @@ struct Views {
 }
 
 impl Views {
+    /// The views of `text` and of the text decoded from it, to [`MAX_DECODE_DEPTH`].
+    fn all(text: &str) -> Vec<Views> {
+        let mut out = vec![Views::of(text)];
+        let mut next = 0;
+        for _ in 0..MAX_DECODE_DEPTH {
+            let end = out.len();
+            let decoded: Vec<Views> = out[next..end]
+                .iter()
+                .flat_map(|v| encoded_segments(&v.visible))
+                .map(|s| Views::of(&s.decoded))
+                .collect();
+            next = end;
+            out.extend(decoded);
+        }
+        out
+    }
+
+    /// The first authority any of `views` tries to take.
+    fn authority(views: &[Views]) -> Option<Authority> {
+        views.iter().find_map(|v| {
+            v.english().find_map(authority_in).or_else(|| {
+                OVERRIDE_TRANSLATED
+                    .is_match(&v.folded)
+                    .then_some(Authority::PolicyOverride)
+            })
+        })
+    }
+
     fn of(text: &str) -> Views {
         let visible = visible(text);
         let spaced = fold(&visible);
@@ -471,8 +481,7 @@ fn leet(c: char) -> Option<char> {
     })
 }
 
-static LETTER_SPACED: LazyLock<Regex> =
-    LazyLock::new(|| re(r"\b(?:[a-z][ .\-*]){3,}[a-z]\b"));
+static LETTER_SPACED: LazyLock<Regex> = LazyLock::new(|| re(r"\b(?:[a-z][ .\-*]){3,}[a-z]\b"));
 
 fn skeleton(folded: &str) -> String {
     let mapped: String = folded
@@ -495,7 +504,12 @@ fn skeleton(folded: &str) -> String {
     LETTER_SPACED
         .replace_all(&out, |caps: &regex::Captures<'_>| {
             caps.get(0)
-                .map(|m| m.as_str().chars().filter(char::is_ascii_alphabetic).collect::<String>())
+                .map(|m| {
+                    m.as_str()
+                        .chars()
+                        .filter(char::is_ascii_alphabetic)
+                        .collect::<String>()
+                })
                 .unwrap_or_default()
         })
         .into_owned()
@@ -560,16 +574,11 @@ pub struct Scanned {
     pub classification: Classification,
 }
 
-/// Whether any view of `text`, or of text decoded from it, matches `pattern`.
-fn any_view_matches(text: &str, pattern: &Regex, depth: usize) -> bool {
-    let views = Views::of(text);
-    if views.english().any(|v| pattern.is_match(v)) {
-        return true;
-    }
-    depth < MAX_DECODE_DEPTH
-        && encoded_segments(&views.visible)
-            .iter()
-            .any(|s| any_view_matches(&s.decoded, pattern, depth + 1))
+/// Whether any view of the text, or of text decoded from it, matches `pattern`.
+fn any_view_matches(views: &[Views], pattern: &Regex) -> bool {
+    views
+        .iter()
+        .any(|v| v.english().any(|view| pattern.is_match(view)))
 }
 
 /// Steps 3 and 4 of the pipeline: classify as untrusted, redact, refuse authority.
@@ -577,7 +586,8 @@ fn any_view_matches(text: &str, pattern: &Regex, depth: usize) -> bool {
 /// the authority patterns runs on the redacted text, which is what would be stored.
 pub fn scan(body: &str) -> Result<Scanned, Authority> {
     let (redacted, redactions) = redact(body);
-    if let Some(authority) = authority_attempt(&redacted) {
+    let views = Views::all(&redacted);
+    if let Some(authority) = Views::authority(&views) {
         return Err(authority);
     }
     let mut labels = vec!["untrusted".to_owned()];
@@ -587,10 +597,10 @@ pub fn scan(body: &str) -> Result<Scanned, Authority> {
     if PERSONAL.is_match(&redacted) {
         labels.push("personal_data".into());
     }
-    if any_view_matches(&redacted, &SENSITIVE_TOPIC, 0) {
+    if any_view_matches(&views, &SENSITIVE_TOPIC) {
         labels.push("sensitive_topic".into());
     }
-    if any_view_matches(&redacted, &INSTRUCTION_LIKE, 0) {
+    if any_view_matches(&views, &INSTRUCTION_LIKE) {
         labels.push("instruction_like".into());
     }
     let sensitive = labels.len() > 1;
@@ -612,52 +622,52 @@ mod tests {
     const SECRET_CORPUS: &[(&str, &str, &str)] = &[
         (
             "my key is sk-proj-abcdefghijklmnopqrstuvwxyz012345",
-            "api_key",
+            "openai_project_key",
             "abcdefghijklmnop",
         ),
         (
             "anthropic sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv",
-            "api_key",
+            "anthropic_api_key",
             "AbCdEfGhIjKl",
         ),
         (
             "stripe sk_live_51HxYzAbCdEfGhIjKlMn",
-            "api_key",
+            "stripe_secret_key",
             "51HxYzAbCd",
         ),
         (
-            "github ghp_0123456789abcdefghijABCDEFGHIJ0123",
-            "api_key",
+            "github ghp_0123456789abcdefghijABCDEFGHIJ012345",
+            "github_pat",
             "0123456789abcdefghij",
         ),
         (
             "slack xoxb-1234567890-abcdefghij",
-            "api_key",
+            "slack_bot_token",
             "1234567890-abcdefghij",
         ),
         (
             "google AIzaSyA1234567890abcdefghijklmnopqrstuv",
-            "api_key",
+            "google_api_key",
             "SyA1234567890",
         ),
         (
             "gitlab glpat-abcdefghij0123456789",
-            "api_key",
+            "gitlab_pat",
             "abcdefghij0123456789",
         ),
         (
             "hf token hf_abcdefghijklmnopqrstuvwxyzABCDEF",
-            "api_key",
+            "huggingface_token",
             "abcdefghijklmnopqrstuvwxyz",
         ),
         (
             "Authorization: Bearer abc123def456ghi789jkl",
-            "bearer_token",
+            "authorization_header",
             "abc123def456ghi789",
         ),
         (
             "curl -H 'Authorization: Basic dXNlcjpwYXNzd29yZDEyMw=='",
-            "bearer_token",
+            "authorization_header",
             "dXNlcjpwYXNz",
         ),
         (
@@ -675,39 +685,47 @@ mod tests {
             "url_password",
             "p4ssw0rd!",
         ),
-        ("aws AKIAIOSFODNN7EXAMPLE", "aws_access_key", "IOSFODNN7"),
+        ("aws AKIAIOSFODNN7EXAMPLE", "aws_access_key_id", "IOSFODNN7"),
         (
             "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-            "cloud_credential",
+            "aws_secret_access_key",
             "wJalrXUtnFEMI",
         ),
         (
             "DefaultEndpointsProtocol=https;AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA==;",
-            "cloud_credential",
+            "azure_storage_account_key",
             "Zm9vYmFyYmF6",
         ),
         (
             "\"client_secret\": \"GOCSPX-abcdefghijklmnop\"",
-            "cloud_credential",
+            "client_secret_assignment",
             "GOCSPX-abcdef",
         ),
         (
             "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7\nabc\n-----END RSA PRIVATE KEY-----",
-            "private_key",
+            "private_key_rsa",
             "MIIEowIBAAKCAQEA7",
         ),
         (
             "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjE truncated",
-            "private_key",
+            "private_key_openssh",
             "b3BlbnNzaC1rZXktdjE",
         ),
-        ("my password is Tr0ub4dor&3", "password", "Tr0ub4dor&3"),
+        (
+            "my password is Tr0ub4dor&3",
+            "password_phrase",
+            "Tr0ub4dor&3",
+        ),
         (
             "PASSWORD=correcthorsebattery",
-            "password",
+            "password_assignment",
             "correcthorsebattery",
         ),
-        ("api_key: 9f8e7d6c5b4a3210", "password", "9f8e7d6c5b4a3210"),
+        (
+            "api_key: 9f8e7d6c5b4a3210",
+            "secret_assignment",
+            "9f8e7d6c5b4a3210",
+        ),
     ];
 
     #[test]

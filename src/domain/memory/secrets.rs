@@ -68,12 +68,7 @@ macro_rules! value {
 /// An assignment `name = value` / `name: value` / `"name": "value"`.
 macro_rules! assign {
     ($name:literal, $min:literal) => {
-        concat!(
-            r#"(?i)\b"#,
-            $name,
-            r#"["']?\s*[:=]\s*"#,
-            value!($min)
-        )
+        concat!(r#"(?i)\b"#, $name, r#"["']?\s*[:=]\s*"#, value!($min))
     };
 }
 
@@ -279,7 +274,7 @@ pub static CATALOG: &[SecretRule] = &[
     rule("env_assignment", "a .env / shell / YAML assignment to a name ending in a secret word (DB_PASSWORD=..., export STRIPE_SECRET_KEY=...)", &["pass", "secret", "token", "key", "pwd", "credential"], r#"(?i)\b[A-Za-z0-9]+(?:[_\-][A-Za-z0-9]+)*?[_\-](?:password|passwd|pwd|pass|passphrase|secret|token|api_?key|apikey|access_?key|private_?key|secret_?key|auth_?key|signing_?key|encryption_?key|credentials?)["']?\s*[:=]\s*(?:"(?P<secret>[^"$<{\[\n][^"\n]{5,})"|'(?P<secret2>[^'$<{\[\n][^'\n]{5,})'|(?P<secret3>[^\s"'$<{\[,;#][^\s"',;]{5,}))"#),
     rule("password_assignment", "password assignment (password=..., \"passwd\": \"...\")", &["pass", "pwd"], concat!(r#"(?i)\b(?:password|passwd|pwd|passphrase)["']?\s*[:=]\s*"#, value!(5))),
     rule("password_phrase", "\"password is X\" where X has a digit or symbol", &["password", "passphrase", "passcode"], r#"(?i)\b(?:password|passphrase|passcode)\s+(?:is|was)\s*:?\s*["']?(?P<secret>[^\s"']*[0-9!@#$%^&*+=?~][^\s"']*)"#),
-    rule("secret_assignment", "assignment to secret, api_key, access_token, auth_token, refresh_token, private_key (a value of 8 or more with a digit)", &["secret", "key", "token"], concat!(r#"(?i)\b(?:secret|api[_\- ]?key|apikey|access[_\- ]?token|auth[_\- ]?token|refresh[_\- ]?token|private[_\- ]?key|secret[_\- ]?key)["']?\s*[:=]\s*["']?(?P<secret>[^\s"'$<{\[,;][^\s"',;0-9]*[0-9][^\s"',;]*)"#)).min_len(8),
+    rule("secret_assignment", "assignment to secret, api_key, access_token, auth_token, refresh_token, private_key (a value of 8 or more with a digit)", &["secret", "key", "token"], r#"(?i)\b(?:secret|api[_\- ]?key|apikey|access[_\- ]?token|auth[_\- ]?token|refresh[_\- ]?token|private[_\- ]?key|secret[_\- ]?key)["']?\s*[:=]\s*["']?(?P<secret>[^\s"'$<{\[,;][^\s"',;0-9]*[0-9][^\s"',;]*)"#).min_len(8),
 ];
 
 struct Compiled {
@@ -367,7 +362,9 @@ pub fn find_secrets(text: &str) -> Vec<Finding> {
         };
         let min_len = CATALOG.get(rule).map_or(1, |r| r.min_len.max(1));
         let mut push = |start: usize, end: usize| {
-            let redacted = text.get(start..).is_some_and(|s| s.starts_with("[REDACTED"));
+            let redacted = text
+                .get(start..)
+                .is_some_and(|s| s.starts_with("[REDACTED"));
             if end - start >= min_len && !redacted {
                 out.push(Finding { rule, start, end });
             }
@@ -418,7 +415,11 @@ pub fn redact_with_findings(text: &str) -> (String, u32, Vec<Finding>) {
         at = m.end;
     }
     out.push_str(text.get(at..).unwrap_or_default());
-    (out, u32::try_from(merged.len()).unwrap_or(u32::MAX), findings)
+    (
+        out,
+        u32::try_from(merged.len()).unwrap_or(u32::MAX),
+        findings,
+    )
 }
 
 #[cfg(test)]
