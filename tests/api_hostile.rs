@@ -354,6 +354,16 @@ async fn requests_the_http_parser_refuses_get_the_error_shape() {
             400,
         ),
         (
+            "a Content-Length that is not a number",
+            b"POST /v1/bindings HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}".to_vec(),
+            400,
+        ),
+        (
+            "two different Content-Lengths",
+            b"POST /v1/bindings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}".to_vec(),
+            400,
+        ),
+        (
             "a URI past the parser's limit",
             format!("GET {long_uri} HTTP/1.1\r\nHost: x\r\n\r\n").into_bytes(),
             414,
