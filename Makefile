@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh install-yaml chaos
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -55,6 +55,11 @@ bench-store: e2e-build
 ## and put throughput on the embedded store (prints a table, writes target/bench/memory.json).
 bench-memory:
 	$(CARGO) bench --locked --bench memory
+
+## bench-memory-scan: the cost of scanning one memory write (secret catalog, normalized
+## injection and topic screening), p50/p99 per body size (writes target/bench/memory_scan.json).
+bench-memory-scan:
+	$(CARGO) bench --locked --bench memory_scan
 
 ## bench-api: turns per second over HTTP and idle RSS of `serve`
 ## (prints a table, writes target/bench/api.json).

@@ -4,6 +4,7 @@
 //! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
 //!   scope that caller may touch.
 //! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
+//!   [`conn`]: the API port's connection loop (parser refusals in that shape too);
 //!   [`middleware`]: deadline, metrics, trace context and the request span, JSON
 //!   safety net.
 //! - [`admin`]: `/live`, `/ready`, `/metrics` on their own port.
@@ -32,6 +33,7 @@ use crate::{
 pub mod admin;
 pub mod auth;
 pub mod authz;
+pub mod conn;
 pub mod dto;
 pub mod error;
 pub mod extract;
@@ -185,18 +187,15 @@ pub async fn serve(
         // A closed channel also means stop.
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let api_server =
-        axum::serve(api, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
+    // Our own connection loop, so the HTTP parser's refusals carry the error body too.
+    let api_server = conn::serve_api(api, app(state.clone()), wait(stop_rx.clone()));
     let admin_server =
         axum::serve(admin, admin::router(state)).with_graceful_shutdown(wait(stop_rx));
     let trigger = async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     };
-    let (api_result, admin_result, ()) = tokio::join!(
-        api_server.into_future(),
-        admin_server.into_future(),
-        trigger
-    );
+    let (api_result, admin_result, ()) =
+        tokio::join!(api_server, admin_server.into_future(), trigger);
     api_result.and(admin_result)
 }
