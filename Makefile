@@ -12,12 +12,14 @@ build:
 	$(CARGO) build --locked
 
 ## test: everything CI checks: formatting, lints, generated files, unit and integration
-## tests against a real local control plane (started and stopped here).
+## tests against a real local control plane (started and stopped here), the Python
+## suites, and the production path on one real node (REAL_NODE=0 skips that tier).
 test: lint e2e-build
 	$(CARGO) build --locked --all-targets
 	$(E2E)/with-control-plane.sh $(CARGO) test --locked --all-targets
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
+	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/real-node-tier.sh
 
 ## python-test: every Python suite (both SDK conformance suites, the Strands loop, the
 ## two-writer test, the Deep Agents example) against a live `serve`, in a pinned venv.
