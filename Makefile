@@ -103,7 +103,7 @@ e2e-build:
 ## install-yaml: the flat manifest of a release for `kubectl apply -f` (CRDs + the
 ## chart's defaults, identity key brought by the user) into dist/install.yaml.
 install-yaml:
-	scripts/install-yaml.sh dist/install.yaml
+	scripts/install-yaml.sh dist/install.yaml $(HELM_ARGS)
 
 ## e2e-up: the local control plane with kwok (fast, many pods); REAL_NODE=1: one real
 ## node instead (containerd, runc, kubelet, kube-proxy; our images imported; one per

@@ -2,7 +2,8 @@
 # The real-node tier of `make test`: one real node up (e2e/scripts/realnode.sh), the
 # production path run on it (e2e/scripts/production-path.sh: the chart, the operator as a
 # pod, a worker pod committing with its projected token, a pod replaced, helm upgrade and
-# uninstall), the node down again whatever happened.
+# uninstall), docs/install.md executed as written (e2e/scripts/install-doc.sh), the node
+# down again whatever happened.
 #
 # One real node per machine: when another run holds the lock, this waits for it (up to
 # HARNESS_REAL_NODE_WAIT seconds, default 1800) instead of failing at once.
@@ -46,4 +47,5 @@ trap '"$here/realnode.sh" down >/dev/null 2>&1 || true' EXIT
 # shellcheck disable=SC1091
 source "$HARNESS_E2E_RUN/env"
 "$here/production-path.sh"
+"$here/install-doc.sh"
 echo "real-node tier: passed in $((SECONDS - started))s"
