@@ -233,7 +233,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let telemetry = telemetry::init().context("starting telemetry (OTEL_* settings)")?;
+    // Warnings and errors (a store failure, an unreadable key) go to stderr through the
+    // same log layer as the operator's, filtered by RUST_LOG.
+    let log_format = match std::env::var("HARNESS_ENGINE_LOG_FORMAT").as_deref() {
+        Ok("json") => harness_engine::operator::logging::LogFormat::Json,
+        _ => harness_engine::operator::logging::LogFormat::Text,
+    };
+    let telemetry =
+        telemetry::init_with_logs(Some(harness_engine::operator::logging::layer(log_format)))
+            .context("starting telemetry (OTEL_* settings)")?;
     let setup = local::prepare(
         args.data_dir,
         args.tokens_file,

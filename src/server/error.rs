@@ -265,7 +265,7 @@ impl From<StoreError> for ApiError {
             StoreError::Backend { backend, message } => {
                 // The backend's own message can name tables, files or hosts: log it for the
                 // operator, give the caller only the code and a retry hint.
-                eprintln!("harness-engine: {backend} store failed: {message}");
+                tracing::error!(%backend, %message, "store failed; answered unavailable");
                 let mut err = ApiError::new(
                     ErrorCode::Unavailable,
                     "the state store is unavailable; retry the request with the same Idempotency-Key",

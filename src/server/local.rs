@@ -184,9 +184,9 @@ fn warn_if_shared(path: &Path) {
             .map(|status| process_groups(&status).contains(&meta.gid()))
             .unwrap_or(false);
         if key_is_shared(mode, own_group) {
-            eprintln!(
-                "harness-engine: warning: identity key {} is readable by group or others; chmod 600 it",
-                path.display()
+            tracing::warn!(
+                key = %path.display(),
+                "identity key is readable by group or others; chmod 600 it"
             );
         }
     }
