@@ -599,7 +599,7 @@ fn effect_view(key: String, e: EffectRecord) -> EffectView {
 
 /// What an append did.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Appended {
+pub struct EventAppended {
     /// The recorded event (on a replay, the one recorded the first time).
     pub event: EventView,
     /// `true`: an idempotent retry; nothing new was appended.
@@ -975,15 +975,15 @@ fn redact_args(payload: &mut Value) {
     params(BindingIdParam, IdempotencyHeader, FenceHeaders, SubjectParam),
     request_body = AppendEventBody,
     responses(
-        (status = 201, description = "Appended", body = Appended),
-        (status = 200, description = "An idempotent retry: the event recorded the first time", body = Appended),
+        (status = 201, description = "Appended", body = EventAppended),
+        (status = 200, description = "An idempotent retry: the event recorded the first time", body = EventAppended),
     ))]
 async fn append_event(
     State(state): State<AppState>,
     worker: LedgerWorker,
     IdempotencyKey(key): IdempotencyKey,
     ApiJson(body): ApiJson<AppendEventBody>,
-) -> Result<(StatusCode, Json<Appended>), ApiError> {
+) -> Result<(StatusCode, Json<EventAppended>), ApiError> {
     let LedgerWorker { record, scope } = worker;
     let event_type = EventType::from(body.event_type);
     let mut payload = body.payload;
@@ -1064,7 +1064,7 @@ async fn append_event(
     };
     Ok((
         status,
-        Json(Appended {
+        Json(EventAppended {
             loop_detected: appended.signals.loop_detected,
             replayed: appended.replayed,
             event: appended.event.into(),
