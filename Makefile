@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh install-yaml chaos
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-ledger python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -55,6 +55,11 @@ bench-store: e2e-build
 ## and put throughput on the embedded store (prints a table, writes target/bench/memory.json).
 bench-memory:
 	$(CARGO) bench --locked --bench memory
+
+## bench-ledger: run-ledger event appends per second at 64 bindings and a 10,000-event
+## run read on SQLite, p50/p99 (prints a table, writes target/bench/ledger.json).
+bench-ledger:
+	$(CARGO) bench --locked --bench ledger
 
 ## bench-api: turns per second over HTTP and idle RSS of `serve`
 ## (prints a table, writes target/bench/api.json).
