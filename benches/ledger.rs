@@ -114,8 +114,8 @@ fn main() {
         "-"
     );
     println!(
-        "head (folded state) of the 10,000-event run: {} bytes of JSON",
-        reads.head_bytes
+        "head (folded state) of the {}-event run: {} bytes of JSON",
+        settings.run_events, reads.head_bytes
     );
 
     let json = json!({
