@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan python-test bench-python ci-fresh install-yaml chaos
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -62,6 +62,11 @@ bench-memory:
 ## injection and topic screening), p50/p99 per body size (writes target/bench/memory_scan.json).
 bench-memory-scan:
 	$(CARGO) bench --locked --bench memory_scan
+
+## bench-ledger: run-ledger event appends per second at 64 bindings and a 10,000-event
+## run read on SQLite, p50/p99 (prints a table, writes target/bench/ledger.json).
+bench-ledger:
+	$(CARGO) bench --locked --bench ledger
 
 ## bench-api: turns per second over HTTP and idle RSS of `serve`
 ## (prints a table, writes target/bench/api.json).

@@ -120,7 +120,9 @@ impl ErrorCode {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
     /// Stable machine-readable code: `stale_lease`, `stale_epoch`, `revision_conflict`,
-    /// `idempotency_mismatch`, `run_uncertain`, `conflict` (409); `invalid` (422);
+    /// `idempotency_mismatch`, `run_uncertain`, `conflict`, and on the run ledger
+    /// `sequence_conflict`, `budget_exceeded`, `effect_confirmed`, `effect_unresolved`
+    /// (409); `invalid` (422);
     /// `too_large` (413); `rate_limited` (429); `forbidden_scope` (403);
     /// `unauthenticated` (401); `not_found` (404); `method_not_allowed` (405);
     /// `unsupported_media_type` (415); `unavailable` (503: the store failed, retry);

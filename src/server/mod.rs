@@ -1,6 +1,7 @@
 //! The data-plane HTTP API (axum), DESIGN §6.
 //!
-//! - [`routes`]: the `/v1` handlers; [`dto`]: their bodies; [`openapi`]: the document.
+//! - [`routes`]: the `/v1` handlers; [`dto`]: their bodies; [`openapi`]: the document;
+//!   [`ledger_routes`]: the run ledger (`/v1/bindings/{id}/runs/...`).
 //! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
 //!   scope that caller may touch.
 //! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
@@ -37,6 +38,7 @@ pub mod conn;
 pub mod dto;
 pub mod error;
 pub mod extract;
+pub mod ledger_routes;
 pub mod local;
 pub mod memory_config;
 pub mod memory_routes;
@@ -58,6 +60,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// What to do with a well-formed incoming `traceparent` (spec 000 "Propagation").
     pub trace_ingress: IngressPolicy,
+    /// The run ledger's budgets for bindings without their own (docs/ledger.md).
+    pub ledger_budgets: crate::domain::ledger::Budgets,
 }
 
 impl ServerConfig {
@@ -68,6 +72,7 @@ impl ServerConfig {
             request_timeout: Duration::from_secs(10),
             max_body_bytes,
             trace_ingress: IngressPolicy::default(),
+            ledger_budgets: ledger_routes::default_budgets(),
         }
     }
 }
@@ -80,6 +85,7 @@ struct Inner {
     metrics: admin::Metrics,
     bindings: authz::BindingCache,
     memory_policies: SharedMemoryPolicies,
+    ledger_budgets: ledger_routes::LedgerBudgets,
     openapi_json: String,
 }
 
@@ -105,6 +111,7 @@ impl AppState {
         metrics: admin::Metrics,
     ) -> Self {
         let openapi_json = openapi::to_json(&openapi::document());
+        let ledger_budgets = ledger_routes::LedgerBudgets::new(config.ledger_budgets);
         AppState(Arc::new(Inner {
             store,
             keyring,
@@ -113,6 +120,7 @@ impl AppState {
             metrics,
             bindings: authz::BindingCache::default(),
             memory_policies: SharedMemoryPolicies::default(),
+            ledger_budgets,
             openapi_json,
         }))
     }
@@ -140,11 +148,22 @@ impl AppState {
     pub fn memory_policies(&self) -> &SharedMemoryPolicies {
         &self.0.memory_policies
     }
+    /// The run ledger's budgets: the configured default, and per-binding limits from a
+    /// binding's `SandboxProfile` where the operator sets them.
+    pub fn ledger_budgets(&self) -> &ledger_routes::LedgerBudgets {
+        &self.0.ledger_budgets
+    }
+}
+
+/// Every `/v1` route with its OpenAPI annotations: [`routes`] (state, objects, streams,
+/// interrupts, memory) and [`ledger_routes`].
+pub fn api_routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    routes::router().merge(ledger_routes::router())
 }
 
 /// The API router: `/v1/...` and `/openapi.json`, with every request-wide layer.
 pub fn app(state: AppState) -> Router {
-    let (router, _) = routes::router().split_for_parts();
+    let (router, _) = api_routes().split_for_parts();
     router
         .route("/openapi.json", get(serve_openapi))
         .fallback(middleware::no_route)
