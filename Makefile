@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger python-test bench-python ci-fresh install-yaml chaos
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -62,6 +62,11 @@ bench-memory:
 ## injection and topic screening), p50/p99 per body size (writes target/bench/memory_scan.json).
 bench-memory-scan:
 	$(CARGO) bench --locked --bench memory_scan
+
+## bench-abuse: serve's peak resident memory while 64 clients send the worst bodies the
+## API accepts or refuses (writes target/bench/abuse.json).
+bench-abuse:
+	$(CARGO) bench --locked --bench abuse
 
 ## bench-ledger: run-ledger event appends per second at 64 bindings and a 10,000-event
 ## run read on SQLite, p50/p99 (prints a table, writes target/bench/ledger.json).
