@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory python-test bench-python ci-fresh install-yaml chaos
+.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -12,12 +12,14 @@ build:
 	$(CARGO) build --locked
 
 ## test: everything CI checks: formatting, lints, generated files, unit and integration
-## tests against a real local control plane (started and stopped here).
+## tests against a real local control plane (started and stopped here), the Python
+## suites, and the production path on one real node (REAL_NODE=0 skips that tier).
 test: lint e2e-build
 	$(CARGO) build --locked --all-targets
 	$(E2E)/with-control-plane.sh $(CARGO) test --locked --all-targets
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
+	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/real-node-tier.sh
 
 ## python-test: every Python suite (both SDK conformance suites, the Strands loop, the
 ## two-writer test, the Deep Agents example) against a live `serve`, in a pinned venv.
@@ -55,6 +57,16 @@ bench-store: e2e-build
 ## and put throughput on the embedded store (prints a table, writes target/bench/memory.json).
 bench-memory:
 	$(CARGO) bench --locked --bench memory
+
+## bench-memory-scan: the cost of scanning one memory write (secret catalog, normalized
+## injection and topic screening), p50/p99 per body size (writes target/bench/memory_scan.json).
+bench-memory-scan:
+	$(CARGO) bench --locked --bench memory_scan
+
+## bench-ledger: run-ledger event appends per second at 64 bindings and a 10,000-event
+## run read on SQLite, p50/p99 (prints a table, writes target/bench/ledger.json).
+bench-ledger:
+	$(CARGO) bench --locked --bench ledger
 
 ## bench-api: turns per second over HTTP and idle RSS of `serve`
 ## (prints a table, writes target/bench/api.json).
@@ -96,7 +108,7 @@ e2e-build:
 ## install-yaml: the flat manifest of a release for `kubectl apply -f` (CRDs + the
 ## chart's defaults, identity key brought by the user) into dist/install.yaml.
 install-yaml:
-	scripts/install-yaml.sh dist/install.yaml
+	scripts/install-yaml.sh dist/install.yaml $(HELM_ARGS)
 
 ## e2e-up: the local control plane with kwok (fast, many pods); REAL_NODE=1: one real
 ## node instead (containerd, runc, kubelet, kube-proxy; our images imported; one per

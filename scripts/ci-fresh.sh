@@ -15,6 +15,7 @@ cleanup() {
   else
     # The clone's control plane, if a failure left one up, goes first.
     [[ -x "$root/clone/e2e/scripts/down.sh" ]] && HARNESS_E2E_RUN="$root/clone/target/e2e" "$root/clone/e2e/scripts/down.sh" >/dev/null 2>&1 || true
+    [[ -d "$root/clone/target/e2e-node" ]] && "$root/clone/e2e/scripts/realnode.sh" down >/dev/null 2>&1 || true
     chmod -R u+w "$root" 2>/dev/null || true # the Go module cache is read-only
     rm -rf "$root"
   fi

@@ -106,6 +106,65 @@ struct ServeArgs {
     /// `MemoryPolicy` objects (YAML, several documents per file allowed). Repeatable.
     #[arg(long = "memory-policy", value_name = "FILE")]
     memory_policies: Vec<PathBuf>,
+    #[command(flatten)]
+    budgets: BudgetArgs,
+}
+
+/// The run ledger's circuit breakers (docs/ledger.md "Budgets"). Each flag replaces one
+/// default; 0 means no limit.
+#[derive(Args)]
+struct BudgetArgs {
+    /// Events one turn may append (default 1000).
+    #[arg(long, value_name = "N")]
+    budget_turn_steps: Option<u64>,
+    /// Tokens one turn may report in `usage.tokens` (default: no limit).
+    #[arg(long, value_name = "N")]
+    budget_turn_tokens: Option<u64>,
+    /// Cost units one turn may report in `usage.cost_units` (default: no limit).
+    #[arg(long, value_name = "N")]
+    budget_turn_cost_units: Option<u64>,
+    /// Irreversible effect attempts in one turn (default 16).
+    #[arg(long, value_name = "N")]
+    budget_turn_irreversible: Option<u64>,
+    /// Events one run may append (default 100000).
+    #[arg(long, value_name = "N")]
+    budget_run_steps: Option<u64>,
+    /// Tokens one run may report (default: no limit).
+    #[arg(long, value_name = "N")]
+    budget_run_tokens: Option<u64>,
+    /// Cost units one run may report (default: no limit).
+    #[arg(long, value_name = "N")]
+    budget_run_cost_units: Option<u64>,
+    /// Irreversible effect attempts in one run (default 256).
+    #[arg(long, value_name = "N")]
+    budget_run_irreversible: Option<u64>,
+}
+
+impl BudgetArgs {
+    fn apply(&self, budgets: &mut harness_engine::domain::ledger::Budgets) {
+        let set = |slot: &mut Option<u64>, flag: Option<u64>| {
+            if let Some(n) = flag {
+                *slot = (n > 0).then_some(n);
+            }
+        };
+        set(&mut budgets.per_turn.steps, self.budget_turn_steps);
+        set(&mut budgets.per_turn.tokens, self.budget_turn_tokens);
+        set(
+            &mut budgets.per_turn.cost_units,
+            self.budget_turn_cost_units,
+        );
+        set(
+            &mut budgets.per_turn.irreversible,
+            self.budget_turn_irreversible,
+        );
+        set(&mut budgets.per_run.steps, self.budget_run_steps);
+        set(&mut budgets.per_run.tokens, self.budget_run_tokens);
+        set(&mut budgets.per_run.cost_units, self.budget_run_cost_units);
+        set(
+            &mut budgets.per_run.irreversible,
+            self.budget_run_irreversible,
+        );
+    }
 }
 
 #[derive(Args)]
@@ -233,7 +292,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let telemetry = telemetry::init().context("starting telemetry (OTEL_* settings)")?;
+    // Warnings and errors (a store failure, an unreadable key) go to stderr through the
+    // same log layer as the operator's, filtered by RUST_LOG.
+    let log_format = match std::env::var("HARNESS_ENGINE_LOG_FORMAT").as_deref() {
+        Ok("json") => harness_engine::operator::logging::LogFormat::Json,
+        _ => harness_engine::operator::logging::LogFormat::Text,
+    };
+    let telemetry =
+        telemetry::init_with_logs(Some(harness_engine::operator::logging::layer(log_format)))
+            .context("starting telemetry (OTEL_* settings)")?;
     let setup = local::prepare(
         args.data_dir,
         args.tokens_file,
@@ -253,6 +320,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = ServerConfig::new(limits.clone());
     config.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
     config.trace_ingress = args.trace_ingress;
+    args.budgets.apply(&mut config.ledger_budgets);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

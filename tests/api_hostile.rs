@@ -289,3 +289,123 @@ async fn fields_the_schema_publishes_as_objects_refuse_other_values() {
         .json();
     assert_eq!(still["interrupt"]["interrupt_id"], json!("i1"));
 }
+
+/// Sends `request` as raw bytes on a fresh connection and reads the answer to the end
+/// (the server closes after a refusal): (status, content type, body).
+fn raw_exchange(api: &str, request: &[u8]) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let addr = api
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .expect("timeout");
+    stream.write_all(request).expect("write");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-type:")
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_default();
+    (status, content_type, body.to_owned())
+}
+
+#[tokio::test]
+async fn requests_the_http_parser_refuses_get_the_error_shape() {
+    let server = serve(&[]);
+    let long_uri = format!("/v1/{}", "a".repeat(70_000));
+    let huge_header = "x".repeat(600_000);
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        (
+            "a control byte in a header value",
+            b"GET /v1/bindings HTTP/1.1\r\nHost: x\r\nHarness-Subject: a\x01b\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "a bare carriage return in a header value",
+            b"GET /v1/bindings HTTP/1.1\r\nHost: x\r\nX-Note: a\rb\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "a header name with a space",
+            b"GET /v1/bindings HTTP/1.1\r\nHost: x\r\nBad Name: v\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "a malformed request line",
+            b"GET\x00/v1/bindings HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "an unknown HTTP version",
+            b"GET /v1/bindings HTTP/9.9\r\nHost: x\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "a Content-Length that is not a number",
+            b"POST /v1/bindings HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n{}".to_vec(),
+            400,
+        ),
+        (
+            "two different Content-Lengths",
+            b"POST /v1/bindings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}".to_vec(),
+            400,
+        ),
+        (
+            "a URI past the parser's limit",
+            format!("GET {long_uri} HTTP/1.1\r\nHost: x\r\n\r\n").into_bytes(),
+            414,
+        ),
+        (
+            "headers past the parser's limit",
+            format!("GET /v1/bindings HTTP/1.1\r\nHost: x\r\nX-Big: {huge_header}\r\n\r\n")
+                .into_bytes(),
+            431,
+        ),
+    ];
+    for (what, request, status) in cases {
+        let api = server.api.clone();
+        let (got, content_type, body) =
+            tokio::task::spawn_blocking(move || raw_exchange(&api, &request))
+                .await
+                .expect("exchange");
+        assert_eq!(got, status, "{what}: {body:?}");
+        assert!(
+            content_type.starts_with("application/json"),
+            "{what}: content type {content_type:?}, body {body:?}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{what}: {e}: {body:?}"));
+        let code = if status == 431 || status == 414 || status == 400 {
+            "invalid"
+        } else {
+            "internal"
+        };
+        assert_eq!(v["code"], code, "{what}: {v}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| !m.is_empty()) && v["details"].is_object(),
+            "{what}: {v}"
+        );
+    }
+
+    // Refusals by the router keep their shape, and a well-formed request on the same
+    // server still works.
+    let api = Api::new(&server.api, &server.token);
+    let r = send(api.req(Method::PATCH, "/v1/bindings")).await;
+    assert_eq!(r.status, 405, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.code(), "method_not_allowed");
+    let (binding, _, _) = api.bound("agent-1", "conv-parser").await;
+    assert!(binding.starts_with("hb_"), "{binding}");
+}

@@ -62,5 +62,6 @@ fn every_operation_documents_auth_errors_and_trace_context() {
             );
         }
     }
-    assert_eq!(operations, 24, "operations in the document");
+    // 24 state, object, stream, interrupt and memory operations; 6 run-ledger operations.
+    assert_eq!(operations, 30, "operations in the document");
 }

@@ -13,6 +13,7 @@ set -euo pipefail
 : "${KUBECONFIG:?source the real node env first (e2e/scripts/realnode.sh up)}"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 K() { "$HARNESS_E2E_BIN/kubectl" "$@"; }
+ctr_() { ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io "$@"; }
 HELM=$("$repo/e2e/scripts/build-tools.sh")/helm
 home=$(mktemp -d); trap 'rm -rf "$home"' EXIT
 export HELM_CACHE_HOME=$home/c HELM_CONFIG_HOME=$home/f HELM_DATA_HOME=$home/d
@@ -26,14 +27,28 @@ fail() {
   exit 1
 }
 until_ok() { # seconds what cmd...
-  local deadline=$(($(date +%s) + $1)) what=$2; shift 2
-  until "$@" >/dev/null 2>&1; do (($(date +%s) < deadline)) || fail "$what (after ${deadline}s)"; sleep 0.5; done
+  local secs=$1 deadline=$(($(date +%s) + $1)) what=$2; shift 2
+  until "$@" >/dev/null 2>&1; do (($(date +%s) < deadline)) || fail "$what (after ${secs}s)"; sleep 0.5; done
 }
+
+# What an earlier run left (it failed midway, or deleted its namespaces without waiting):
+# bindings first, while their operator can still release them, then the release.
+if "$HELM" status harness-engine -n $NS >/dev/null 2>&1 || K get namespace $APP >/dev/null 2>&1; then
+  say "removing what an earlier run left"
+  K -n $APP delete harnessbindings --all --timeout=90s >/dev/null 2>&1 || true
+  K -n $APP delete sandboxwarmpools --all --timeout=60s >/dev/null 2>&1 || true
+  "$HELM" uninstall harness-engine -n $NS --wait --timeout 120s >/dev/null 2>&1 || true
+  K delete namespace $APP $NS --ignore-not-found --wait=false >/dev/null
+fi
+absent() { ! K get namespace "$1" >/dev/null 2>&1; }
+until_ok 180 "namespace $APP of an earlier run still terminating" absent $APP
+until_ok 180 "namespace $NS of an earlier run still terminating" absent $NS
 
 # The embedded store's volume: a hostPath PersistentVolume pre-bound to the chart's claim
 # (there is no provisioner on this node), writable by the image's 65532.
 pv_dir=$HARNESS_E2E_RUN/pv/harness-engine-data
 rm -rf "$pv_dir"; mkdir -p "$pv_dir"; chown 65532:65532 "$pv_dir"
+K delete pv harness-engine-data-e2e --ignore-not-found --timeout=60s >/dev/null
 K apply -f - >/dev/null <<EOF2
 apiVersion: v1
 kind: PersistentVolume
@@ -62,6 +77,10 @@ if K get clusterrolebindings -o json | grep -q "\"name\": \"$sa\"" && \
 fi
 
 # 2. The data plane Service (no cluster DNS on this node: workers get the ClusterIP).
+# The worker image is pinned by its manifest digest, as a SandboxProfile requires
+# (realnode.sh imports every image under name@digest too, as a registry pull would).
+digest=$(ctr_ images ls | awk '$1 == "localhost/harness-engine/worker:dev" {print $3}')
+[[ $digest == sha256:* ]] || fail "worker image not imported (ctr images ls)"
 api=$(K -n $NS get svc harness-engine -o jsonpath='{.spec.clusterIP}')
 K create namespace $APP >/dev/null
 K -n $APP apply -f - >/dev/null <<EOF2
@@ -84,7 +103,7 @@ spec:
       nodeSelector: {type: real}
       containers:
       - name: worker
-        image: localhost/harness-engine/worker:dev
+        image: localhost/harness-engine/worker@$digest
         imagePullPolicy: Never
         env:
         - {name: HARNESS_ENGINE_ENDPOINT, value: "http://$api:8080"}
@@ -104,9 +123,9 @@ spec: {replicas: 1, sandboxTemplateRef: {name: python-worker}}
 EOF2
 say "warm pool created; waiting for a warm worker pod"
 until_ok 120 "no Ready warm worker pod" K -n $APP wait --for=condition=Ready pod -l app.kubernetes.io/name=harness-worker --timeout=2s
-digest=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].status.containerStatuses[0].imageID}')
-digest=sha256:${digest##*sha256:}
-say "worker image $digest"
+image_id=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].status.containerStatuses[0].imageID}')
+[[ $image_id == *"@$digest" ]] || fail "the kubelet reports worker image $image_id, not $digest"
+say "worker image $image_id"
 
 # 3. The profile (its digest is the worker image's, as the kubelet reports it).
 K -n $APP apply -f - >/dev/null <<EOF2 || fail "profile refused"
@@ -124,8 +143,9 @@ spec:
   hibernation: never
 EOF2
 
-# 4. The webhook through its Service: a binding whose options carry a credential is
-# refused by the operator's webhook (a rule CEL cannot express).
+# 4. The webhook through its Service: a binding naming a SandboxProfile that does not
+# exist is refused by the operator's webhook (a reference to another object: a rule CEL
+# cannot express, so only the webhook can answer it).
 bad=$(K -n $APP apply -f - 2>&1 <<EOF2 || true
 apiVersion: harness-engine.dev/v1alpha1
 kind: HarnessBinding
@@ -134,12 +154,16 @@ spec:
   agentId: research-assistant
   conversationId: conv-leaky
   subjectRef: hmac-sha256:5f0c6c8f3f5b0e1c2a9d4b7e8f6a1c3d2e4b5a6978c0d1e2f3a4b5c6d7e8f901
-  harness: {id: deepagents, contractVersion: 1, options: {apiKey: sk-live-0123456789abcdef}}
-  sandboxProfileRef: {name: python-worker}
+  harness: {id: deepagents, contractVersion: 1}
+  sandboxProfileRef: {name: no-such-profile}
   epoch: 0
 EOF2
 )
-echo "$bad" | grep -q 'admission webhook "harnessbindings.harness-engine.dev" denied' || fail "webhook did not answer: $bad"
+echo "$bad" | grep -q 'SandboxProfile "no-such-profile" does not exist in namespace' || fail "webhook did not answer: $bad"
+# The API server's own account: it called our webhook and the webhook rejected.
+K get --raw /metrics | grep 'apiserver_admission_webhook_admission_duration_seconds_count{' |
+  grep 'name="harnessbindings.harness-engine.dev"' | grep -q 'rejected="true"' ||
+  fail "the API server recorded no rejection by harnessbindings.harness-engine.dev"
 say "webhook (API server -> Service harness-engine-webhook -> operator pod) refused: $(echo "$bad" | head -1 | cut -c1-200)"
 
 # A binding (the test applies it, as a chat backend's bind would create it).
@@ -175,6 +199,8 @@ say "turn 1 committed by the worker: $out"
 
 # 5. The worker pod is deleted: a new generation, a new pod, resuming from the head.
 g1=$(gen)
+token_of() { K -n $APP exec "$1" -- python3 -c 'print(open("/var/run/secrets/harness-engine/token").read())'; }
+old_token=$(token_of "$pod") || fail "cannot read the worker's projected token"
 K -n $APP delete pod "$pod" --wait=false >/dev/null
 replaced() { ready && [[ $(gen) -gt $g1 ]]; }
 until_ok 180 "binding not replaced after the pod was deleted" replaced
@@ -184,18 +210,54 @@ until_ok 60 "replacement pod not Ready" K -n $APP wait --for=condition=Ready pod
 out=$(turn "$pod2" again) || fail "turn 2: $out"
 echo "$out" | grep -q '"reply": "turn 2: again"' || fail "turn 2 did not resume from the head: $out"
 say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
+# Late writes at the old generation: with the deleted pod's own token (refused by
+# authentication once its pod object is gone, by the fence while it terminates or while
+# its TokenReview is cached) and with the live pod's token (refused by the fence).
+op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
+late() { # token -> "<http status> <body>"
+  curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
+    -H "Authorization: Bearer $1" -H 'Content-Type: application/octet-stream' \
+    -H "Idempotency-Key: late-$RANDOM$RANDOM" -H 'Harness-Epoch: 0' \
+    -H "Harness-Lease-Generation: $g1" -H 'Harness-Codec: langgraph.checkpoint.v1' \
+    --data-binary 'late' "http://$op_ip:8080/v1/bindings/$bid/state/pending" 2>&1
+}
+late_old=$(late "$old_token")
+[[ $late_old == *'"unauthenticated"'*401 || $late_old == *'"stale_lease"'*409 ]] || fail "the deleted pod's late write was not refused: $late_old"
+late_new=$(late "$(token_of "$pod2")")
+[[ $late_new == *'"stale_lease"'*409 ]] || fail "a write at generation $g1 was not refused as stale: $late_new"
+say "late writes at generation $g1 refused: deleted pod's token -> ${late_old: -3} $(echo "$late_old" | grep -o '"code":"[a-z_]*"'); live pod at the old generation -> 409 stale_lease"
 
 # 6. helm upgrade to a changed image (same binary, new tag): the binding and its head stay.
-ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io images tag --force \
+ctr_ images tag --force \
   localhost/harness-engine/operator:dev localhost/harness-engine/operator:dev-upgrade >/dev/null
+# The worker keeps taking turns throughout: the embedded store's Deployment is Recreate
+# (one writer), so the data plane is down for a few seconds, and the client's retry window
+# (backoff with jitter) must outlast that without losing or repeating a turn.
 g2=$(gen)
+during=$home/during; : >"$during"
+(
+  i=0
+  while [[ ! -f $home/upgraded ]]; do
+    i=$((i + 1))
+    r=$(turn "$pod2" "during-$i" 2>&1) || r="FAILED $r"
+    echo "$i $r" >>"$during"
+  done
+) &
+turner=$!
 "$HELM" upgrade harness-engine "$repo/charts/harness-engine" -n $NS --reuse-values \
   --set image.tag=dev-upgrade --wait --timeout 180s >/dev/null || fail "helm upgrade"
-[[ $(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.containers[0].image}') == *:dev-upgrade ]] || fail "upgrade did not change the image"
 until_ok 60 "binding not Ready after the upgrade" ready
-out=$(turn "$pod2" upgraded) || fail "turn 3: $out"
-echo "$out" | grep -q '"reply": "turn 3: upgraded"' || fail "turn 3 after upgrade: $out"
-say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head: $out"
+sleep 1; touch "$home/upgraded"; wait "$turner"
+[[ $(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.containers[0].image}') == *:dev-upgrade ]] || fail "upgrade did not change the image"
+n=$(wc -l <"$during")
+((n >= 2)) || fail "the worker took $n turns during the upgrade"
+while read -r i r; do
+  want="\"reply\": \"turn $((2 + i)): during-$i\""
+  [[ $r == *"$want"* ]] || fail "turn during the upgrade lost or repeated: #$i -> $r"
+done <"$during"
+out=$(turn "$pod2" upgraded) || fail "turn after the upgrade: $out"
+echo "$out" | grep -q "\"reply\": \"turn $((3 + n)): upgraded\"" || fail "turn after the upgrade: $out"
+say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head; $n turns taken during the rolling restart, none lost or repeated; then: $out"
 
 # 7. Bindings deleted (their finalizer releases claims), then helm uninstall.
 K -n $APP delete harnessbinding conversation-1 --timeout=120s >/dev/null || fail "binding not deleted"
@@ -204,6 +266,10 @@ K -n $APP delete sandboxwarmpool python-worker --timeout=60s >/dev/null
 gone() { [[ -z $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null) ]] && [[ -z $(K -n $NS get pods -o name 2>/dev/null) ]]; }
 until_ok 120 "left behind: $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null | tr '\n' ' ')" gone
 say "helm uninstall: no claim, Sandbox or pod left"
-K delete namespace $APP --wait=false >/dev/null
+# What uninstall keeps on purpose (the identity key Secret and the store's claim: a
+# reinstall must find the same conversations) goes with the namespace here.
+kept=$(K -n $NS get secret,pvc -o name 2>/dev/null | tr '\n' ' ')
+say "kept by helm uninstall (resource policy keep): $kept"
+K delete namespace $APP $NS --wait=false >/dev/null
 K delete pv harness-engine-data-e2e --wait=false >/dev/null 2>&1 || true
 echo "production path: passed in $(printf '%.1f' "$(echo "$(date +%s.%N) - $T0" | bc)")s"

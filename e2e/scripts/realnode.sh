@@ -204,7 +204,16 @@ EOC
 EOC
   start containerd containerd --config "$RUN/containerd/config.toml"
   waitfor containerd ctr_ version; mark containerd
-  local i; for i in "$IMAGES"/*.tar; do ctr_ images import "$i" >/dev/null; done; mark "import images"
+  local i; for i in "$IMAGES"/*.tar; do ctr_ images import "$i" >/dev/null; done
+  # Each image also under name@manifest-digest, as a registry pull records it: a pod
+  # template pinned by digest (what a SandboxProfile requires) then resolves locally, and
+  # the kubelet reports that digest as the container's imageID.
+  local name digest
+  while read -r name digest; do
+    [[ $name == localhost/harness-engine/*:* ]] || continue
+    ctr_ images tag --force "$name" "${name%:*}@$digest" >/dev/null
+  done < <(ctr_ images ls | awk 'NR > 1 {print $1, $3}')
+  mark "import images"
 }
 
 kubelet_up() {

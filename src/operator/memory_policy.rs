@@ -92,6 +92,7 @@ async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
         Err((r, m)) => (false, r, m),
     };
     let was = conditions::get(&status.conditions, "Ready").map(|c| c.reason.clone());
+    let now = Time(Timestamp::now());
     conditions::set(
         &mut status.conditions,
         Desired {
@@ -101,8 +102,27 @@ async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
             message: message.clone(),
         },
         policy.metadata.generation,
-        &Time(Timestamp::now()),
+        &now,
     );
+    // kstatus: a refused policy needs a person to change it; Ready=False alone reads as
+    // still in progress to kstatus-based tools (docs/install.md, "GitOps").
+    if !ok || conditions::get(&status.conditions, super::failure::STALLED).is_some() {
+        conditions::set(
+            &mut status.conditions,
+            Desired {
+                type_: super::failure::STALLED,
+                status: if ok { FALSE } else { TRUE },
+                reason: if ok { "Accepted" } else { reason },
+                message: if ok {
+                    "the policy is valid".into()
+                } else {
+                    message.clone()
+                },
+            },
+            policy.metadata.generation,
+            &now,
+        );
+    }
     status.observed_generation = policy.metadata.generation;
     status.selected_agents = selected;
     if policy.status.as_ref() != Some(&status) {

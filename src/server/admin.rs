@@ -47,6 +47,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<RequestLabels, Histogram>,
     store_errors: Family<CodeLabels, Counter>,
+    ledger: super::ledger_routes::LedgerMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -86,12 +87,15 @@ impl Metrics {
             "Store refusals and failures by stable error code",
             store_errors.clone(),
         );
+        let ledger = super::ledger_routes::LedgerMetrics::default();
+        ledger.register(&mut registry);
         crate::telemetry::stats().register(&mut registry);
         Metrics {
             registry,
             requests,
             latency,
             store_errors,
+            ledger,
         }
     }
 
@@ -119,6 +123,11 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// The run ledger's counters.
+    pub fn ledger(&self) -> &super::ledger_routes::LedgerMetrics {
+        &self.ledger
     }
 
     pub fn render(&self) -> String {

@@ -120,7 +120,9 @@ impl ErrorCode {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
     /// Stable machine-readable code: `stale_lease`, `stale_epoch`, `revision_conflict`,
-    /// `idempotency_mismatch`, `run_uncertain`, `conflict` (409); `invalid` (422);
+    /// `idempotency_mismatch`, `run_uncertain`, `conflict`, and on the run ledger
+    /// `sequence_conflict`, `budget_exceeded`, `effect_confirmed`, `effect_unresolved`
+    /// (409); `invalid` (422);
     /// `too_large` (413); `rate_limited` (429); `forbidden_scope` (403);
     /// `unauthenticated` (401); `not_found` (404); `method_not_allowed` (405);
     /// `unsupported_media_type` (415); `unavailable` (503: the store failed, retry);
@@ -265,7 +267,7 @@ impl From<StoreError> for ApiError {
             StoreError::Backend { backend, message } => {
                 // The backend's own message can name tables, files or hosts: log it for the
                 // operator, give the caller only the code and a retry hint.
-                eprintln!("harness-engine: {backend} store failed: {message}");
+                tracing::error!(%backend, %message, "store failed; answered unavailable");
                 let mut err = ApiError::new(
                     ErrorCode::Unavailable,
                     "the state store is unavailable; retry the request with the same Idempotency-Key",

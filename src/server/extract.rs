@@ -36,7 +36,7 @@ impl From<AuthError> for ApiError {
             AuthError::Forbidden(m) => ApiError::forbidden(m),
             AuthError::LeaseNotReady(m) => ApiError::new(ErrorCode::Conflict, m),
             AuthError::Unavailable(m) => {
-                eprintln!("harness-engine: authentication backend unavailable: {m}");
+                tracing::warn!(message = %m, "authentication backend unavailable; answered unavailable");
                 let mut err = ApiError::new(
                     ErrorCode::Unavailable,
                     "authentication is unavailable; retry",

@@ -170,25 +170,57 @@ fn create_private_dir(path: &Path) -> std::io::Result<()> {
     builder.create(path)
 }
 
-/// The key is the root of every identity: say so when others can read it.
+/// The key is the root of every identity: say so when others can read it. Group read
+/// access is expected when the file's group is one of this process's own groups: a
+/// Kubernetes Secret volume under `fsGroup` is mounted that way (owner root, group the
+/// pod's), and the non-root operator reads the key through that group alone.
 fn warn_if_shared(path: &Path) {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = fs::metadata(path)
-            && meta.permissions().mode() & 0o077 != 0
-        {
-            eprintln!(
-                "harness-engine: warning: identity key {} is readable by group or others; chmod 600 it",
-                path.display()
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let Ok(meta) = fs::metadata(path) else { return };
+        let mode = meta.permissions().mode();
+        let own_group = fs::read_to_string("/proc/self/status")
+            .map(|status| process_groups(&status).contains(&meta.gid()))
+            .unwrap_or(false);
+        if key_is_shared(mode, own_group) {
+            tracing::warn!(
+                key = %path.display(),
+                "identity key is readable by group or others; chmod 600 it"
             );
         }
     }
 }
 
+/// Whether a key file with `mode` is readable beyond this process: any bit for others,
+/// or group bits when the file's group is not one of the process's (`own_group`).
+fn key_is_shared(mode: u32, own_group: bool) -> bool {
+    mode & 0o007 != 0 || (mode & 0o070 != 0 && !own_group)
+}
+
+/// The real, effective and supplementary group ids in a `/proc/<pid>/status` text.
+fn process_groups(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("Gid:").or_else(|| l.strip_prefix("Groups:")))
+        .flat_map(|rest| rest.split_whitespace().filter_map(|g| g.parse().ok()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_read_is_shared_only_through_a_foreign_group() {
+        let status = "Name:\tx\nGid:\t0\t0\t0\t0\nGroups:\t65532 7 \n";
+        assert_eq!(process_groups(status), vec![0, 0, 0, 0, 65532, 7]);
+        // A Secret volume under fsGroup: 0440, group the pod's own.
+        assert!(!key_is_shared(0o100440, true));
+        assert!(key_is_shared(0o100440, false));
+        assert!(key_is_shared(0o100604, true));
+        assert!(!key_is_shared(0o100600, false));
+    }
 
     #[test]
     fn first_start_creates_everything_and_second_reuses_it() {

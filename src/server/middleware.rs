@@ -148,7 +148,7 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
 
 /// The response for a caught panic: a defect, reported without its message.
 pub fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response<Body> {
-    eprintln!("harness-engine: a request handler panicked; answered 500");
+    tracing::error!("a request handler panicked; answered 500 (a defect: please report it)");
     let mut response = ApiError::new(ErrorCode::Internal, "internal error").into_response();
     response
         .headers_mut()

@@ -1,9 +1,11 @@
 //! The data-plane HTTP API (axum), DESIGN §6.
 //!
-//! - [`routes`]: the `/v1` handlers; [`dto`]: their bodies; [`openapi`]: the document.
+//! - [`routes`]: the `/v1` handlers; [`dto`]: their bodies; [`openapi`]: the document;
+//!   [`ledger_routes`]: the run ledger (`/v1/bindings/{id}/runs/...`).
 //! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
 //!   scope that caller may touch.
 //! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
+//!   [`conn`]: the API port's connection loop (parser refusals in that shape too);
 //!   [`middleware`]: deadline, metrics, trace context and the request span, JSON
 //!   safety net.
 //! - [`admin`]: `/live`, `/ready`, `/metrics` on their own port.
@@ -32,9 +34,11 @@ use crate::{
 pub mod admin;
 pub mod auth;
 pub mod authz;
+pub mod conn;
 pub mod dto;
 pub mod error;
 pub mod extract;
+pub mod ledger_routes;
 pub mod local;
 pub mod memory_config;
 pub mod memory_routes;
@@ -56,6 +60,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// What to do with a well-formed incoming `traceparent` (spec 000 "Propagation").
     pub trace_ingress: IngressPolicy,
+    /// The run ledger's budgets for bindings without their own (docs/ledger.md).
+    pub ledger_budgets: crate::domain::ledger::Budgets,
 }
 
 impl ServerConfig {
@@ -66,6 +72,7 @@ impl ServerConfig {
             request_timeout: Duration::from_secs(10),
             max_body_bytes,
             trace_ingress: IngressPolicy::default(),
+            ledger_budgets: ledger_routes::default_budgets(),
         }
     }
 }
@@ -78,6 +85,7 @@ struct Inner {
     metrics: admin::Metrics,
     bindings: authz::BindingCache,
     memory_policies: SharedMemoryPolicies,
+    ledger_budgets: ledger_routes::LedgerBudgets,
     openapi_json: String,
 }
 
@@ -103,6 +111,7 @@ impl AppState {
         metrics: admin::Metrics,
     ) -> Self {
         let openapi_json = openapi::to_json(&openapi::document());
+        let ledger_budgets = ledger_routes::LedgerBudgets::new(config.ledger_budgets);
         AppState(Arc::new(Inner {
             store,
             keyring,
@@ -111,6 +120,7 @@ impl AppState {
             metrics,
             bindings: authz::BindingCache::default(),
             memory_policies: SharedMemoryPolicies::default(),
+            ledger_budgets,
             openapi_json,
         }))
     }
@@ -138,11 +148,22 @@ impl AppState {
     pub fn memory_policies(&self) -> &SharedMemoryPolicies {
         &self.0.memory_policies
     }
+    /// The run ledger's budgets: the configured default, and per-binding limits from a
+    /// binding's `SandboxProfile` where the operator sets them.
+    pub fn ledger_budgets(&self) -> &ledger_routes::LedgerBudgets {
+        &self.0.ledger_budgets
+    }
+}
+
+/// Every `/v1` route with its OpenAPI annotations: [`routes`] (state, objects, streams,
+/// interrupts, memory) and [`ledger_routes`].
+pub fn api_routes() -> utoipa_axum::router::OpenApiRouter<AppState> {
+    routes::router().merge(ledger_routes::router())
 }
 
 /// The API router: `/v1/...` and `/openapi.json`, with every request-wide layer.
 pub fn app(state: AppState) -> Router {
-    let (router, _) = routes::router().split_for_parts();
+    let (router, _) = api_routes().split_for_parts();
     router
         .route("/openapi.json", get(serve_openapi))
         .fallback(middleware::no_route)
@@ -185,18 +206,15 @@ pub async fn serve(
         // A closed channel also means stop.
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let api_server =
-        axum::serve(api, app(state.clone())).with_graceful_shutdown(wait(stop_rx.clone()));
+    // Our own connection loop, so the HTTP parser's refusals carry the error body too.
+    let api_server = conn::serve_api(api, app(state.clone()), wait(stop_rx.clone()));
     let admin_server =
         axum::serve(admin, admin::router(state)).with_graceful_shutdown(wait(stop_rx));
     let trigger = async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     };
-    let (api_result, admin_result, ()) = tokio::join!(
-        api_server.into_future(),
-        admin_server.into_future(),
-        trigger
-    );
+    let (api_result, admin_result, ()) =
+        tokio::join!(api_server, admin_server.into_future(), trigger);
     api_result.and(admin_result)
 }

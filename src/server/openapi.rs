@@ -20,7 +20,7 @@ use super::error::ErrorBody;
 #[openapi(
     info(
         title = "Harness Engine data plane",
-        description = "Thread state, native objects and streams, and pending interrupts of AI-agent harness bindings. \
+        description = "Thread state, native objects and streams, pending interrupts and the run ledger of AI-agent harness bindings. \
 Errors are one JSON shape {code, message, details} with stable codes. Opaque bodies are application/octet-stream. \
 Every mutating call takes an Idempotency-Key; worker calls carry Harness-Epoch and Harness-Lease-Generation. \
 See docs/api.md.",
@@ -34,6 +34,7 @@ See docs/api.md.",
         (name = "streams", description = "Binding-scoped native streams"),
         (name = "interrupts", description = "Pending interrupts"),
         (name = "memory", description = "Long-term memory: get, search, put, delete, approve, reject"),
+        (name = "runs", description = "The run ledger: append events, read runs, effects and snapshots (docs/ledger.md)"),
     )
 )]
 struct ApiDoc;
@@ -54,7 +55,7 @@ const ERROR_RESPONSES: &[(&str, &str)] = &[
     ),
     (
         "409",
-        "stale_lease, stale_epoch, revision_conflict, idempotency_mismatch, run_uncertain or conflict",
+        "stale_lease, stale_epoch, revision_conflict, idempotency_mismatch, run_uncertain, conflict; on the ledger also sequence_conflict, budget_exceeded, effect_confirmed, effect_unresolved",
     ),
     (
         "413",
@@ -166,9 +167,9 @@ fn add_shared(op: &mut Operation) {
     )]);
 }
 
-/// The document, with the routes of [`super::routes`].
+/// The document, with the routes of [`super::api_routes`].
 pub fn document() -> Document {
-    let (_, paths) = super::routes::router().split_for_parts();
+    let (_, paths) = super::api_routes().split_for_parts();
     let mut doc = ApiDoc::openapi();
     doc.merge(paths);
     // Shared parts go on after the merge, so they reach every operation.

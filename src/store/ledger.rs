@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use super::Result;
 use crate::domain::{
     ledger::{
-        AppendPlan, AppendRequest, EffectRecord, LedgerEvent, LedgerState, RunState, event_id,
-        plan_append, replay_or_mismatch,
+        AppendPlan, AppendRequest, AppendSignals, EffectRecord, LedgerEvent, LedgerState, RunState,
+        event_id, plan_append, replay_or_mismatch,
     },
     state::{Rejection, StateScope, check_key},
 };
@@ -28,6 +28,9 @@ pub struct LedgerAppend {
     pub event: LedgerEvent,
     /// `true`: an idempotent retry; `event` is the one recorded the first time.
     pub replayed: bool,
+    /// What the append changed (default on a replay: it changed nothing).
+    #[serde(default)]
+    pub signals: AppendSignals,
 }
 
 /// The folded state at a sequence number, stored so a reader can start there instead of

@@ -128,14 +128,14 @@ impl ReloadingAcceptor {
                     loaded.stamps = stamps;
                     loaded.failed = None;
                     self.reloads.fetch_add(1, Ordering::Relaxed);
-                    eprintln!(
-                        "harness-engine webhook: loaded the rotated TLS certificate {}",
-                        self.cert_file.display()
+                    tracing::info!(
+                        cert = %self.cert_file.display(),
+                        "webhook: loaded the rotated TLS certificate"
                     );
                 }
                 Err(e) => {
                     loaded.failed = Some(stamps);
-                    eprintln!("harness-engine webhook: keeping the previous TLS certificate: {e}");
+                    tracing::warn!(error = %e, "webhook: keeping the previous TLS certificate");
                 }
             }
         }
@@ -195,7 +195,7 @@ fn report_handshake_failure(error: &io::Error) {
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     {
-        eprintln!("harness-engine webhook: a TLS handshake failed: {error}");
+        tracing::info!(%error, "webhook: a TLS handshake failed (reported at most once a minute)");
     }
 }
 
@@ -230,7 +230,7 @@ pub async fn serve_with(
                 Ok(pair) => pair,
                 Err(e) => {
                     // Out of file descriptors and the like: back off, keep serving.
-                    eprintln!("harness-engine webhook: accept failed: {e}");
+                    tracing::warn!(error = %e, "webhook: accept failed; backing off");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }

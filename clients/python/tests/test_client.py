@@ -5,13 +5,16 @@ drops responses after the server has acted on the request)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
+import time
 import uuid
 
 import pytest
 
 from harness_engine import (
+    AsyncHarnessClient,
     Fence,
     HarnessClient,
     Invalid,
@@ -105,13 +108,14 @@ class LossyProxy:
     client side as soon as the server starts answering: the request was executed, the
     caller never hears back (the ambiguous failure a retry must survive)."""
 
-    def __init__(self, upstream: str, drop: int) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
+    def __init__(self, upstream: str, drop: int, port: int = 0) -> None:
+        host, port_s = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port_s))
         self.drop = drop
         self.connections = 0
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
         self.sock.listen(16)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -186,3 +190,137 @@ def test_transport_failure_after_retries_is_reported(server) -> None:
     with HarnessClient(f"http://127.0.0.1:{port}", token="x", retries=2, backoff=0.001) as c:
         with pytest.raises(TransportError):
             c.get_binding("hb_" + "0" * 32)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_call_outlasts_a_data_plane_restart_within_its_retry_window(server, client) -> None:
+    """Nothing listens for a second (the data plane restarting, as in a rolling upgrade of
+    the operator), then it is back: a commit in flight retries with backoff and jitter
+    until it lands, once. With a window shorter than the outage the caller hears
+    TransportError instead."""
+    b = _binding(client)
+    port = _free_port()
+    back: list[LossyProxy] = []
+
+    def come_back() -> None:
+        time.sleep(1.0)
+        back.append(LossyProxy(server.api, drop=0, port=port))
+
+    threading.Thread(target=come_back, daemon=True).start()
+    try:
+        with HarnessClient(f"http://127.0.0.1:{port}", token=server.token) as restarting:
+            w = restarting.worker(b)
+            pending = w.write_pending(b"state during the restart")
+            head = w.commit(pending.state_id, 0, "run-restart")
+        assert head.revision == 1
+        assert back and back[0].connections >= 1
+    finally:
+        for proxy in back:
+            proxy.close()
+    assert client.worker(b).load_head().revision == 1
+    dead = f"http://127.0.0.1:{_free_port()}"
+    with HarnessClient(dead, token="x", retry_window=0.2) as short:
+        with pytest.raises(TransportError):
+            short.get_binding(b.binding_id)
+
+
+class ForwardProxy:
+    """An HTTP forward proxy (absolute-form request targets, RFC 9112 §3.2.2): records the
+    target of every request, forwards it in origin form with `Connection: close`, relays
+    the answer."""
+
+    def __init__(self) -> None:
+        self.targets: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+            head, _, body = buf.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, version = lines[0].split(" ")
+            self.targets.append(target)
+            length = 0
+            kept = []
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+                if name.lower() not in ("connection", "proxy-authorization"):
+                    kept.append(line)
+            while len(body) < length:
+                body += conn.recv(65536)
+            rest = target.removeprefix("http://")
+            authority, _, path = rest.partition("/")
+            host, _, port = authority.partition(":")
+            with socket.create_connection((host, int(port or 80))) as up:
+                request = "\r\n".join([f"{method} /{path} {version}", *kept, "Connection: close"])
+                up.sendall(request.encode("latin-1") + b"\r\n\r\n" + body)
+                while data := up.recv(65536):
+                    conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_both_clients_honour_the_same_proxy_variables(server, client, monkeypatch) -> None:
+    """HTTP_PROXY sends the sync client (its own HTTP/1.1 pool) and the async client
+    (httpx) through the proxy alike; NO_PROXY naming the data plane's host sends both
+    straight to it."""
+    b = _binding(client)
+    proxy = ForwardProxy()
+    try:
+        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+
+        async def async_get() -> str:
+            async with AsyncHarnessClient(server.api, token=server.token) as ac:
+                return (await ac.get_binding(b.binding_id)).binding_id
+
+        with HarnessClient(server.api, token=server.token) as sync:
+            assert sync.get_binding(b.binding_id).binding_id == b.binding_id
+        assert asyncio.run(async_get()) == b.binding_id
+        through = [t for t in proxy.targets if t.endswith(f"/v1/bindings/{b.binding_id}")]
+        assert len(through) == 2, proxy.targets
+        assert all(t.startswith(server.api + "/") for t in through)
+
+        host = server.api.removeprefix("http://").split(":")[0]
+        monkeypatch.setenv("NO_PROXY", host)
+        before = len(proxy.targets)
+        with HarnessClient(server.api, token=server.token) as sync:
+            assert sync.get_binding(b.binding_id).binding_id == b.binding_id
+        assert asyncio.run(async_get()) == b.binding_id
+        assert len(proxy.targets) == before
+    finally:
+        proxy.close()
+
+
+def test_a_proxy_the_clients_cannot_use_is_refused_at_construction(monkeypatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "socks5://127.0.0.1:1080")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(ValueError, match="only http:// proxies"):
+        HarnessClient("http://data-plane.example:8080", token="x")

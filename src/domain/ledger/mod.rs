@@ -10,6 +10,7 @@
 
 mod envelope;
 mod fold;
+mod metrics;
 mod payload;
 
 pub use envelope::{
@@ -20,9 +21,12 @@ pub use fold::{
     Budget, Budgets, EffectRecord, EffectStatus, LedgerState, RunState, RunStatus, TurnUsage,
     UTILISATION_BUCKETS_PERMILLE,
 };
+pub use metrics::{BindingMetrics, RunMetrics, binding_metrics, run_metrics};
 pub use payload::{
     MAX_PAYLOAD_BYTES, Outcome, RunOutcomeKind, Via, forbidden_field, validate_payload,
 };
+
+use serde::{Deserialize, Serialize};
 
 use crate::domain::state::Rejection;
 
@@ -48,11 +52,51 @@ pub struct AppendRequest {
     pub budgets: Budgets,
 }
 
-/// The decided append: the event to store and the state after it.
+/// The decided append: the event to store, the state after it, and what changed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AppendPlan {
     pub event: LedgerEvent,
     pub state: LedgerState,
+    pub signals: AppendSignals,
+}
+
+/// What an append changed that a caller or a metric wants to see without reading the
+/// state: derived by [`signals`] from the state before and after.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AppendSignals {
+    /// This append made [`LOOP_THRESHOLD`] identical effect intents in a row (§8.3).
+    pub loop_detected: bool,
+    /// The effect named by the event's `idempotency_key`, after the append.
+    pub effect: Option<EffectRecord>,
+    /// The effect's status before the append (`None`: the key was new).
+    pub effect_before: Option<EffectStatus>,
+}
+
+impl AppendSignals {
+    /// +1 when the append left an effect waiting for reconciliation or a person (unknown,
+    /// awaiting a human) that was not waiting before, -1 when it settled one, else 0.
+    pub fn waiting_delta(&self) -> i64 {
+        let waiting = |s: Option<EffectStatus>| {
+            matches!(s, Some(EffectStatus::Unknown | EffectStatus::AwaitingHuman))
+        };
+        let after = self.effect.as_ref().map(|e| e.status);
+        i64::from(waiting(after)) - i64::from(waiting(self.effect_before))
+    }
+}
+
+/// The signals of an append of `event` that took `before` to `after`.
+pub fn signals(before: &LedgerState, after: &LedgerState, event: &LedgerEvent) -> AppendSignals {
+    let loops = |s: &LedgerState| s.runs.get(&event.run_id).map_or(0, |r| r.loops_detected);
+    let key = event
+        .payload
+        .get("idempotency_key")
+        .and_then(|k| k.as_str());
+    AppendSignals {
+        loop_detected: loops(after) > loops(before),
+        effect: key.and_then(|k| after.effects.get(k)).cloned(),
+        effect_before: key.and_then(|k| before.effects.get(k)).map(|e| e.status),
+    }
 }
 
 /// Decides an append against the folded state of the binding's epoch. `event_id` and
@@ -100,7 +144,12 @@ pub fn plan_append(
     };
     let mut next = state.clone();
     next.apply(&event);
-    Ok(AppendPlan { event, state: next })
+    let signals = signals(state, &next, &event);
+    Ok(AppendPlan {
+        event,
+        state: next,
+        signals,
+    })
 }
 
 /// An idempotent retry: the same key with the same request returns the original event;

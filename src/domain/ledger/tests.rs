@@ -602,3 +602,141 @@ fn idempotent_retries_compare_the_whole_request() {
         "idempotency_mismatch"
     );
 }
+
+/// Appends and returns the plan's signals.
+fn push_signals(state: &mut LedgerState, event: NewEvent) -> AppendSignals {
+    let request = AppendRequest {
+        event,
+        ..AppendRequest::default()
+    };
+    let id = event_id(2_000, 9);
+    let plan = plan_append(state, &request, "b1", 0, id, 2_000).expect("append");
+    *state = plan.state;
+    plan.signals
+}
+
+#[test]
+fn signals_report_loops_and_effects_waiting() {
+    let mut s = started();
+    let first = push_signals(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+    );
+    assert_eq!(first.effect_before, None);
+    assert_eq!(
+        first.effect.as_ref().map(|e| e.status),
+        Some(EffectStatus::Attempted)
+    );
+    assert_eq!(first.waiting_delta(), 0, "in flight is not waiting");
+    let unknown = push_signals(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "unknown", "direct"),
+        ),
+    );
+    assert_eq!(unknown.waiting_delta(), 1);
+    let settled = push_signals(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "refused", "reconciliation"),
+        ),
+    );
+    assert_eq!(settled.waiting_delta(), -1);
+    // Refused allows new attempts; the third identical attempt in a row is a loop.
+    let mut loops = Vec::new();
+    for _ in 0..2 {
+        loops.push(
+            push_signals(
+                &mut s,
+                new(EventType::EffectAttempted, "run-1", "t1", attempt("k1")),
+            )
+            .loop_detected,
+        );
+        push(
+            &mut s,
+            new(
+                EventType::EffectOutcomeObserved,
+                "run-1",
+                "t1",
+                outcome("k1", "refused", "direct"),
+            ),
+        );
+    }
+    assert_eq!(loops, [false, true]);
+}
+
+#[test]
+fn derived_metrics_follow_the_runs() {
+    let mut s = started();
+    for result in ["pass", "block", "skip", "pass"] {
+        push(
+            &mut s,
+            new(
+                EventType::GuardrailEvaluated,
+                "run-1",
+                "t1",
+                json!({"guardrail": "refund_limit", "result": result}),
+            ),
+        );
+    }
+    push(
+        &mut s,
+        new(
+            EventType::EffectAttempted,
+            "run-1",
+            "t1",
+            json!({"tool": "issue_refund", "idempotency_key": "k1", "usage": {"cost_units": 6}}),
+        ),
+    );
+    push(
+        &mut s,
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "unknown", "direct"),
+        ),
+    );
+    let run = run_metrics(&s.runs["run-1"]);
+    assert_eq!(run.guardrail_evaluations, 4);
+    assert_eq!(run.guardrail_coverage, Some(0.75));
+    assert_eq!(run.repeated_action_ratio, Some(0.0));
+    assert_eq!(run.cost_per_attempted_effect, Some(6.0));
+    assert_eq!(run.outcome, None);
+    let binding = binding_metrics(&s);
+    assert_eq!(binding.unknown_effects_waiting, 1);
+    assert_eq!(binding.resolution_rate, None, "no completed run yet");
+    push(
+        &mut s,
+        new(
+            EventType::RunCompleted,
+            "run-1",
+            "t1",
+            json!({"outcome": "handed_to_human"}),
+        ),
+    );
+    push(&mut s, new(EventType::RunStarted, "run-2", "t1", json!({})));
+    push(
+        &mut s,
+        new(
+            EventType::RunCompleted,
+            "run-2",
+            "t1",
+            json!({"outcome": "resolved", "usage": {"cost_units": 2}}),
+        ),
+    );
+    let binding = binding_metrics(&s);
+    assert_eq!(
+        (binding.runs, binding.resolved, binding.handed_to_human),
+        (2, 1, 1)
+    );
+    assert_eq!(binding.resolution_rate, Some(0.5));
+    assert_eq!(binding.cost_per_resolved_outcome, Some(8.0));
+    assert_eq!(binding.cost_per_attempted_outcome, Some(4.0));
+}

@@ -11,6 +11,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod rank;
 pub mod scan;
+pub mod secrets;
 
 use serde::{Deserialize, Serialize};
 

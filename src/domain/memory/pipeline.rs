@@ -165,6 +165,25 @@ pub fn prepare(proposal: Proposal, ctx: &WriteContext<'_>) -> Result<MemoryRecor
             "memory key must not contain a secret".into(),
         ));
     }
+    // So is every other stored string the caller chose: the provenance fields are
+    // stored and returned verbatim, so they are refused rather than rewritten.
+    for (what, value) in [
+        ("source run id", &proposal.source_run_id),
+        ("model version", &proposal.model_version),
+    ] {
+        let Some(value) = value else { continue };
+        if scan::redact(value).1 > 0 {
+            return Err(Rejection::Invalid(format!(
+                "{what} must not contain a secret"
+            )));
+        }
+        if let Some(a) = scan::authority_attempt(value) {
+            return Err(Rejection::Forbidden(format!(
+                "{what} tries to grant authority ({})",
+                a.as_str()
+            )));
+        }
+    }
 
     // 5. approval, where policy says so. Application writers are the administrators.
     let approval_status = if ctx.writer.is_application_writer {

@@ -218,6 +218,7 @@ impl MongoStore {
                     return Ok(LedgerAppend {
                         event: *event,
                         replayed: true,
+                        signals: Default::default(),
                     });
                 }
                 Decision::Append(planned) => planned,
@@ -260,6 +261,7 @@ impl MongoStore {
                 return Ok(LedgerAppend {
                     event: planned.event,
                     replayed: false,
+                    signals: planned.signals,
                 });
             }
             // The fence or the ledger moved: the next round re-reads both.

@@ -96,6 +96,7 @@ pub(super) fn append(
         Decision::Replay(event) => Ok(LedgerAppend {
             event: *event,
             replayed: true,
+            signals: Default::default(),
         }),
         Decision::Append(planned) => {
             let event_json =
@@ -132,6 +133,7 @@ pub(super) fn append(
             Ok(LedgerAppend {
                 event: planned.event,
                 replayed: false,
+                signals: planned.signals,
             })
         }
     }

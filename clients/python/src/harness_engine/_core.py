@@ -10,11 +10,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import random
 import threading
+import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from ._wire import Reply
 from .errors import HarnessError, Invalid, error_from_response
@@ -28,6 +32,11 @@ DEFAULT_TOKEN_FILE = "/var/run/secrets/harness-engine/token"
 # Statuses whose outcome is "not done, or unknown": retried only when the call is safe to
 # repeat (a read, or a write whose Idempotency-Key or entry ids make a repeat a no-op).
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# One wait between attempts is at most this long (before jitter); `Retry-After` at most 5 s.
+RETRY_CAP = 2.0
+# How long a call keeps retrying by default: longer than a data-plane restart (a rolling
+# upgrade of the operator takes a few seconds), so a turn in flight survives it.
+DEFAULT_RETRY_WINDOW = 30.0
 
 try:  # optional: `pip install harness-engine[otel]`
     from opentelemetry.trace.propagation.tracecontext import (
@@ -121,8 +130,13 @@ class Settings:
     tokens: TokenSource
     subject: str | None
     timeout: float
-    retries: int
+    # At most this many retries of one call; None: as many as fit in `retry_window`.
+    retries: int | None
     backoff: float
+    # No retry starts later than this many seconds after the call's first attempt.
+    retry_window: float = DEFAULT_RETRY_WINDOW
+    # The HTTP proxy both clients use for the endpoint (`proxy_for`), or None.
+    proxy: str | None = None
 
 
 def resolve_settings(
@@ -131,8 +145,9 @@ def resolve_settings(
     token_file: str | None,
     subject: str | None,
     timeout: float,
-    retries: int,
+    retries: int | None,
     backoff: float,
+    retry_window: float = DEFAULT_RETRY_WINDOW,
 ) -> Settings:
     """Explicit arguments win; inside a sandbox the environment the operator sets
     (`HARNESS_ENGINE_ENDPOINT`, `HARNESS_ENGINE_TOKEN_FILE`) fills the rest."""
@@ -145,16 +160,46 @@ def resolve_settings(
         raise ValueError(f"endpoint must be an http(s) URL, got {endpoint!r}")
     if token is None:
         token_file = token_file or os.environ.get(TOKEN_FILE_ENV) or DEFAULT_TOKEN_FILE
-    if retries < 0:
-        raise ValueError("retries must be >= 0")
+    if retries is not None and retries < 0:
+        raise ValueError("retries must be >= 0 (or None: bounded by retry_window)")
+    if retry_window < 0:
+        raise ValueError("retry_window must be >= 0 seconds")
+    endpoint = endpoint.rstrip("/")
     return Settings(
-        endpoint=endpoint.rstrip("/"),
+        endpoint=endpoint,
         tokens=TokenSource(token, token_file),
         subject=subject,
         timeout=timeout,
         retries=retries,
         backoff=backoff,
+        retry_window=retry_window,
+        proxy=proxy_for(endpoint),
     )
+
+
+def proxy_for(endpoint: str) -> str | None:
+    """The proxy for `endpoint` from the standard variables (`HTTP_PROXY`, `HTTPS_PROXY`,
+    `ALL_PROXY`, `NO_PROXY`, either case), read once here so that the sync and the async
+    client make the same choice. Only `http://` proxies are supported."""
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if urllib.request.proxy_bypass(f"{parts.hostname}:{port}"):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    if not proxy.startswith("http://"):
+        raise ValueError(
+            f"proxy {proxy!r} for {endpoint}: only http:// proxies are supported; "
+            "set NO_PROXY to reach the endpoint directly"
+        )
+    if parts.scheme == "https":
+        raise ValueError(
+            f"{endpoint} through proxy {proxy!r}: https endpoints through a proxy are not "
+            "supported yet; set NO_PROXY to include the endpoint's host"
+        )
+    return proxy
 
 
 @dataclass
@@ -200,12 +245,37 @@ def should_retry(call: Call[Any], status: int | None) -> bool:
 
 
 def retry_delay(settings: Settings, attempt: int, resp: Reply | None) -> float:
+    """`Retry-After` when the server sent one (at most 5 s); otherwise exponential
+    backoff capped at `RETRY_CAP`, with half of it random, so workers that lost the same
+    server do not come back in step."""
     if resp is not None and (ra := resp.headers.get("retry-after")):
         try:
             return min(float(ra), 5.0)
         except ValueError:
             pass
-    return float(settings.backoff * (2**attempt))
+    ceiling = min(RETRY_CAP, settings.backoff * (2.0**attempt))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+class RetryClock:
+    """The retries of one call: bounded by `Settings.retries` and by `retry_window`
+    seconds from the first attempt."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.attempt = 0
+        self.started = time.monotonic()
+
+    def next_delay(self, resp: Reply | None) -> float | None:
+        """How long to wait before the next attempt, or None when no retry is left."""
+        s = self.settings
+        if s.retries is not None and self.attempt >= s.retries:
+            return None
+        delay = retry_delay(s, self.attempt, resp)
+        if time.monotonic() - self.started + delay > s.retry_window:
+            return None
+        self.attempt += 1
+        return delay
 
 
 # --- Typed results -------------------------------------------------------------------

@@ -17,6 +17,7 @@ made); anything after that is ambiguous.
 
 from __future__ import annotations
 
+import base64
 import json as _json
 import select
 import socket
@@ -24,7 +25,7 @@ import ssl
 import threading
 from collections.abc import Mapping
 from typing import Any, BinaryIO, Protocol
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 # Bounds on what a response may send before the body, so a confused peer cannot make
 # the client buffer without end.
@@ -157,7 +158,9 @@ class Pool:
     """Keep-alive connections to one endpoint, shared by threads (one request per
     connection at a time; idle ones are reused newest first, at most `max_idle` kept)."""
 
-    def __init__(self, endpoint: str, timeout: float, max_idle: int = 32) -> None:
+    def __init__(
+        self, endpoint: str, timeout: float, max_idle: int = 32, proxy: str | None = None
+    ) -> None:
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"endpoint must be an http:// or https:// URL, got {endpoint!r}")
@@ -174,12 +177,30 @@ class Pool:
         self._lock = threading.Lock()
         self._closed = False
         self._ssl = ssl.create_default_context() if self._https else None
+        # Through an HTTP proxy: connections go to the proxy, requests name the absolute
+        # URL (RFC 9112 §3.2.2), credentials in the proxy URL become Proxy-Authorization.
+        self._via: tuple[str, int] | None = None
+        self._absolute = ""
+        self._proxy_auth: str | None = None
+        if proxy is not None:
+            p = urlsplit(proxy)
+            if p.scheme != "http" or not p.hostname:
+                raise ValueError(f"proxy must be an http:// URL, got {proxy!r}")
+            if self._https:
+                raise ValueError("https endpoints through a proxy are not supported")
+            self._via = (p.hostname, p.port or 80)
+            self._absolute = f"http://{self._host_header}"
+            if p.username is not None:
+                user = f"{unquote(p.username)}:{unquote(p.password or '')}"
+                self._proxy_auth = "Basic " + base64.b64encode(user.encode()).decode("ascii")
 
     def _connect(self) -> _Conn:
+        host, port = self._via or (self._host, self._port)
         try:
-            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
+            sock = socket.create_connection((host, port), timeout=self._timeout)
         except OSError as e:
-            raise WireError(f"cannot connect to {self._host}:{self._port}: {e}", sent=False) from e
+            what = "proxy " if self._via else ""
+            raise WireError(f"cannot connect to {what}{host}:{port}: {e}", sent=False) from e
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl is not None:
@@ -226,7 +247,10 @@ class Pool:
         if json is not None:
             body = _json.dumps(json, separators=(",", ":")).encode()
             headers.setdefault("Content-Type", "application/json")
+        target = self._absolute + target
         lines = [f"{method} {_clean(target, 'request target')} HTTP/1.1", f"Host: {self._host_header}"]
+        if self._proxy_auth is not None:
+            lines.append(f"Proxy-Authorization: {self._proxy_auth}")
         lines.extend(f"{_clean(k, 'header name')}: {_clean(v, 'header value')}" for k, v in headers.items())
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body) if body is not None else 0}")

@@ -20,6 +20,7 @@ Outside one (a control-plane service, tests, `harness-engine serve`)::
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -56,6 +57,12 @@ def _client_kwargs(settings: Settings) -> dict[str, Any]:
         "base_url": settings.endpoint,
         "timeout": settings.timeout,
         "limits": httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        # The proxy decision is `_core.proxy_for`'s, the same as the sync client's, and
+        # TLS trust is the ssl module's default (which honours SSL_CERT_FILE/SSL_CERT_DIR),
+        # the sync client's too: httpx's own reading of the environment is switched off.
+        "proxy": settings.proxy,
+        "trust_env": False,
+        "verify": ssl.create_default_context(),
     }
 
 
@@ -84,13 +91,16 @@ class HarnessClient:
         token_file: str | None = None,
         subject: str | None = None,
         timeout: float = 15.0,
-        retries: int = 3,
+        retries: int | None = None,
         backoff: float = 0.05,
+        retry_window: float = _core.DEFAULT_RETRY_WINDOW,
     ) -> None:
         self.settings = _core.resolve_settings(
-            endpoint, token, token_file, subject, timeout, retries, backoff
+            endpoint, token, token_file, subject, timeout, retries, backoff, retry_window
         )
-        self._http = _wire.Pool(self.settings.endpoint, self.settings.timeout)
+        self._http = _wire.Pool(
+            self.settings.endpoint, self.settings.timeout, proxy=self.settings.proxy
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -104,7 +114,7 @@ class HarnessClient:
     def send(self, call: Call[T]) -> T:
         s = self.settings
         ambiguous = False
-        attempt = 0
+        clock = _core.RetryClock(s)
         while True:
             try:
                 resp = self._http.request(
@@ -116,10 +126,9 @@ class HarnessClient:
                     call.json,
                 )
             except _wire.WireError as e:
-                if attempt < s.retries and _core.should_retry(call, None):
+                if _core.should_retry(call, None) and (wait := clock.next_delay(None)) is not None:
                     ambiguous = ambiguous or e.sent
-                    time.sleep(_core.retry_delay(s, attempt, None))
-                    attempt += 1
+                    time.sleep(wait)
                     continue
                 raise TransportError(f"{call.method} {call.path}: {e}") from e
             status = resp.status_code
@@ -127,10 +136,9 @@ class HarnessClient:
                 return call.parse(resp)
             if status == 404 and call.none_on_404:
                 return None  # type: ignore[return-value]
-            if attempt < s.retries and _core.should_retry(call, status):
+            if _core.should_retry(call, status) and (wait := clock.next_delay(resp)) is not None:
                 ambiguous = ambiguous or _ambiguous(status)
-                time.sleep(_core.retry_delay(s, attempt, resp))
-                attempt += 1
+                time.sleep(wait)
                 continue
             raise _refused(call, resp, ambiguous)
 
@@ -327,11 +335,12 @@ class AsyncHarnessClient:
         token_file: str | None = None,
         subject: str | None = None,
         timeout: float = 15.0,
-        retries: int = 3,
+        retries: int | None = None,
         backoff: float = 0.05,
+        retry_window: float = _core.DEFAULT_RETRY_WINDOW,
     ) -> None:
         self.settings = _core.resolve_settings(
-            endpoint, token, token_file, subject, timeout, retries, backoff
+            endpoint, token, token_file, subject, timeout, retries, backoff, retry_window
         )
         self._http = httpx.AsyncClient(**_client_kwargs(self.settings))
 
@@ -347,7 +356,7 @@ class AsyncHarnessClient:
     async def send(self, call: Call[T]) -> T:
         s = self.settings
         ambiguous = False
-        attempt = 0
+        clock = _core.RetryClock(s)
         while True:
             try:
                 resp = await self._http.request(
@@ -359,10 +368,9 @@ class AsyncHarnessClient:
                     json=call.json,
                 )
             except httpx.TransportError as e:
-                if attempt < s.retries and _core.should_retry(call, None):
+                if _core.should_retry(call, None) and (wait := clock.next_delay(None)) is not None:
                     ambiguous = ambiguous or not isinstance(e, httpx.ConnectError)
-                    await asyncio.sleep(_core.retry_delay(s, attempt, None))
-                    attempt += 1
+                    await asyncio.sleep(wait)
                     continue
                 raise TransportError(f"{call.method} {call.path}: {e!r}") from e
             status = resp.status_code
@@ -370,10 +378,9 @@ class AsyncHarnessClient:
                 return call.parse(resp)
             if status == 404 and call.none_on_404:
                 return None  # type: ignore[return-value]
-            if attempt < s.retries and _core.should_retry(call, status):
+            if _core.should_retry(call, status) and (wait := clock.next_delay(resp)) is not None:
                 ambiguous = ambiguous or _ambiguous(status)
-                await asyncio.sleep(_core.retry_delay(s, attempt, resp))
-                attempt += 1
+                await asyncio.sleep(wait)
                 continue
             raise _refused(call, resp, ambiguous)
 

@@ -1,0 +1,1322 @@
+//! The run ledger over HTTP (`spec/002_6a0ddaf11b83bfe4.txt` §3, §5, §8.3, §10):
+//! `/v1/bindings/{binding_id}/runs/...`. See docs/ledger.md.
+//!
+//! Every route is a worker call, with the access rules of the state routes: the
+//! [`LedgerWorker`] extractor authenticates, confines the caller to its binding and
+//! derives the fenced scope from `Harness-Epoch` and `Harness-Lease-Generation`; the
+//! store's fence decides in the same atomic step as the append. The rules of an append
+//! (vocabulary, payload bound and forbidden fields, effect rules, budgets, expected last
+//! sequence) live in [`crate::domain::ledger`]; the handlers only shape requests and
+//! answers, and count what happened in the ledger metrics ([`LedgerMetrics`]).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, RwLock},
+};
+
+use axum::{
+    Json,
+    extract::{FromRequestParts, State},
+    http::{Method, StatusCode, request::Parts},
+};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::{
+    AppState,
+    auth::BindingVerb,
+    authz,
+    dto::json_object,
+    error::{ApiError, ErrorCode},
+    extract::{
+        ApiJson, ApiQuery, Authenticated, BindingPath, IdempotencyKey, SubjectHeader, WorkerFence,
+    },
+    middleware::traced,
+};
+use crate::{
+    domain::{
+        ids::BindingId,
+        ledger::{
+            self, AppendRequest, BindingMetrics, Budget, Budgets, EffectRecord, EffectStatus,
+            EventType, LedgerEvent, LedgerState, NewEvent, RunMetrics, RunOutcomeKind, RunState,
+            RunStatus, TurnUsage, Versions, Via,
+        },
+        memory::scan::redact,
+        state::{BindingRecord, StateScope, check_key},
+    },
+    store::ledger::{LedgerAppend, LedgerSnapshot},
+    telemetry::spans::{self, Step, keys},
+};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(append_event, list_events))
+        .routes(routes!(read_run))
+        .routes(routes!(read_effect))
+        .routes(routes!(take_snapshot, read_snapshot))
+}
+
+// ---------------------------------------------------------------------------------------
+// Budgets: where an append's circuit breakers come from.
+
+/// The ledger budgets (§10.1) the server applies: a default for every binding (`serve`:
+/// its `--budget-*` flags; [`default_budgets`] otherwise) and per-binding limits that a
+/// binding's `SandboxProfile` sets when the operator feeds them in
+/// ([`LedgerBudgets::set_binding`]). Cheap to clone; every clone is the same table.
+#[derive(Clone, Default)]
+pub struct LedgerBudgets(Arc<RwLock<BudgetTable>>);
+
+#[derive(Default)]
+struct BudgetTable {
+    default: Budgets,
+    by_binding: HashMap<BindingId, Budgets>,
+}
+
+impl LedgerBudgets {
+    pub fn new(default: Budgets) -> Self {
+        LedgerBudgets(Arc::new(RwLock::new(BudgetTable {
+            default,
+            by_binding: HashMap::new(),
+        })))
+    }
+    /// The budgets an append to `id` is decided with.
+    pub fn for_binding(&self, id: &BindingId) -> Budgets {
+        let table = self.0.read().unwrap_or_else(|p| p.into_inner());
+        table.by_binding.get(id).copied().unwrap_or(table.default)
+    }
+    pub fn default_budgets(&self) -> Budgets {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).default
+    }
+    /// Limits for one binding (from its `SandboxProfile`), replacing the default there.
+    pub fn set_binding(&self, id: BindingId, budgets: Budgets) {
+        let mut table = self.0.write().unwrap_or_else(|p| p.into_inner());
+        table.by_binding.insert(id, budgets);
+    }
+    /// Back to the default for `id`.
+    pub fn remove_binding(&self, id: &BindingId) {
+        let mut table = self.0.write().unwrap_or_else(|p| p.into_inner());
+        table.by_binding.remove(id);
+    }
+}
+
+/// The documented defaults (docs/ledger.md "Budgets"): a turn may append 1,000 events and
+/// attempt 16 irreversible effects, a run 100,000 events and 256 irreversible effects;
+/// tokens and cost units are unlimited unless configured (their units are the
+/// deployment's).
+pub fn default_budgets() -> Budgets {
+    Budgets {
+        per_turn: Budget {
+            steps: Some(1_000),
+            tokens: None,
+            cost_units: None,
+            irreversible: Some(16),
+        },
+        per_run: Budget {
+            steps: Some(100_000),
+            tokens: None,
+            cost_units: None,
+            irreversible: Some(256),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics (admin port).
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabels {
+    r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+    via: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+/// The ledger's counters on `/metrics` (docs/ledger.md "Metrics"). Counted by the
+/// process that served the append; replays count nothing.
+#[derive(Clone, Default)]
+pub struct LedgerMetrics {
+    events: Family<TypeLabels, Counter>,
+    effect_outcomes: Family<OutcomeLabels, Counter>,
+    unknown_waiting: Gauge,
+    budget_refusals: Family<BudgetLabels, Counter>,
+    loops: Counter,
+    guardrails: Family<ResultLabels, Counter>,
+}
+
+impl LedgerMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "ledger_events",
+            "Run ledger events appended, by type",
+            self.events.clone(),
+        );
+        registry.register(
+            "ledger_effect_outcomes",
+            "Effect outcomes recorded, by outcome (confirmed, refused, unknown) and via (direct, reconciliation, human)",
+            self.effect_outcomes.clone(),
+        );
+        registry.register(
+            "ledger_unknown_effects_waiting",
+            "Effects whose outcome is unknown or awaits a person, as changed by the appends this process served since it started",
+            self.unknown_waiting.clone(),
+        );
+        registry.register(
+            "ledger_budget_refusals",
+            "Appends refused by a budget (circuit breaker), by budget",
+            self.budget_refusals.clone(),
+        );
+        registry.register(
+            "ledger_loops_detected",
+            "Loop events: three identical effect intents in a row within a run",
+            self.loops.clone(),
+        );
+        registry.register(
+            "ledger_guardrail_evaluations",
+            "Guardrail evaluations recorded, by result (pass, block, skip); coverage = (pass + block) / all",
+            self.guardrails.clone(),
+        );
+    }
+
+    fn appended(&self, appended: &LedgerAppend) {
+        if appended.replayed {
+            return;
+        }
+        let event = &appended.event;
+        self.events
+            .get_or_create(&TypeLabels {
+                r#type: event.event_type.as_str().to_owned(),
+            })
+            .inc();
+        let p = &event.payload;
+        let text = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
+        let outcome = match event.event_type {
+            EventType::EffectOutcomeObserved => {
+                let via = if p.get("via").is_some() {
+                    text("via")
+                } else {
+                    "direct"
+                };
+                Some((text("outcome"), via))
+            }
+            EventType::HumanReviewResolved if p.get("idempotency_key").is_some() => {
+                Some((text("decision"), "human"))
+            }
+            _ => None,
+        };
+        if let Some((outcome, via)) = outcome {
+            self.effect_outcomes
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.to_owned(),
+                    via: via.to_owned(),
+                })
+                .inc();
+        }
+        if event.event_type == EventType::GuardrailEvaluated {
+            self.guardrails
+                .get_or_create(&ResultLabels {
+                    result: text("result").to_owned(),
+                })
+                .inc();
+        }
+        if appended.signals.loop_detected {
+            self.loops.inc();
+        }
+        self.unknown_waiting
+            .inc_by(appended.signals.waiting_delta());
+    }
+
+    fn refused(&self, error: &ApiError) {
+        if error.code == ErrorCode::BudgetExceeded {
+            let budget = error
+                .details
+                .get("what")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            self.budget_refusals
+                .get_or_create(&BudgetLabels {
+                    budget: budget.to_owned(),
+                })
+                .inc();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker access.
+
+/// A worker call on a binding's ledger: the caller authenticated, confined to the
+/// binding of the path, and the scope fenced by the presented epoch and lease
+/// generation, as the state routes do (`GET` reads, anything else updates).
+pub struct LedgerWorker {
+    pub record: BindingRecord,
+    pub scope: StateScope,
+}
+
+impl FromRequestParts<AppState> for LedgerWorker {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Authenticated(caller) = Authenticated::from_request_parts(parts, state).await?;
+        let BindingPath(id) = BindingPath::from_request_parts(parts, state).await?;
+        let fence = WorkerFence::from_request_parts(parts, state).await?;
+        let SubjectHeader(named) = SubjectHeader::from_request_parts(parts, state).await?;
+        let verb = if parts.method == Method::GET {
+            BindingVerb::Get
+        } else {
+            BindingVerb::Update
+        };
+        let (record, scope) =
+            authz::worker_access(state, &caller, &id, verb, named, &fence, None).await?;
+        Ok(LedgerWorker { record, scope })
+    }
+}
+
+fn span(step: Step, operation: &'static str, binding: &BindingId) -> tracing::Span {
+    let span = spans::operation(step, operation);
+    spans::record(&span, keys::BINDING_ID, binding.as_str());
+    span
+}
+
+fn page_limit(state: &AppState, limit: Option<u32>) -> Result<usize, ApiError> {
+    let max = state.config().limits.max_page;
+    match limit {
+        None => Ok(max),
+        Some(0) => Err(ApiError::invalid("limit must be at least 1")),
+        Some(n) => Ok((n as usize).min(max)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parameter documentation (read by the extractors).
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct BindingIdParam {
+    /// Binding id (`hb_` and 32 hex digits).
+    #[param(pattern = "^hb_[0-9a-f]{32}$")]
+    binding_id: String,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct IdempotencyHeader {
+    /// Client-chosen key, 1 to 255 visible ASCII characters. The same key with the same
+    /// event returns the event recorded the first time; with another event it is
+    /// `idempotency_mismatch`. Only a keyed digest is stored.
+    #[param(rename = "Idempotency-Key", pattern = "^[!-~]{1,255}$")]
+    key: String,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct FenceHeaders {
+    /// The conversation epoch the worker runs in.
+    #[param(rename = "Harness-Epoch", minimum = 0, example = 0)]
+    epoch: u64,
+    /// The lease generation the worker holds.
+    #[param(rename = "Harness-Lease-Generation", minimum = 0, example = 1)]
+    lease_generation: u64,
+}
+
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct SubjectParam {
+    /// End-user subject the caller acts for (as on the state routes).
+    #[param(
+        rename = "Harness-Subject",
+        min_length = 1,
+        max_length = 256,
+        nullable = false
+    )]
+    subject: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Bodies.
+
+/// The vocabulary (§3.3, §5). There is no `ToolExecuted`: a worker records that it
+/// attempted an effect and what it observed, never that the effect happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum EventKind {
+    RunStarted,
+    RunCompleted,
+    ContextAssembled,
+    GuardrailEvaluated,
+    EffectAttempted,
+    EffectOutcomeObserved,
+    HumanReviewRequested,
+    HumanReviewResolved,
+}
+
+impl From<EventKind> for EventType {
+    fn from(k: EventKind) -> Self {
+        match k {
+            EventKind::RunStarted => EventType::RunStarted,
+            EventKind::RunCompleted => EventType::RunCompleted,
+            EventKind::ContextAssembled => EventType::ContextAssembled,
+            EventKind::GuardrailEvaluated => EventType::GuardrailEvaluated,
+            EventKind::EffectAttempted => EventType::EffectAttempted,
+            EventKind::EffectOutcomeObserved => EventType::EffectOutcomeObserved,
+            EventKind::HumanReviewRequested => EventType::HumanReviewRequested,
+            EventKind::HumanReviewResolved => EventType::HumanReviewResolved,
+        }
+    }
+}
+
+impl From<EventType> for EventKind {
+    fn from(t: EventType) -> Self {
+        match t {
+            EventType::RunStarted => EventKind::RunStarted,
+            EventType::RunCompleted => EventKind::RunCompleted,
+            EventType::ContextAssembled => EventKind::ContextAssembled,
+            EventType::GuardrailEvaluated => EventKind::GuardrailEvaluated,
+            EventType::EffectAttempted => EventKind::EffectAttempted,
+            EventType::EffectOutcomeObserved => EventKind::EffectOutcomeObserved,
+            EventType::HumanReviewRequested => EventKind::HumanReviewRequested,
+            EventType::HumanReviewResolved => EventKind::HumanReviewResolved,
+        }
+    }
+}
+
+/// The software that produced an event (§3.4); each at most 256 bytes.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct VersionsBody {
+    /// Payload schema, default `<type>/1`.
+    #[schema(example = "EffectAttempted/1")]
+    pub schema: String,
+    #[schema(example = "scripted-model-1")]
+    pub model: String,
+    pub prompt: String,
+    pub tools: String,
+    pub policy: String,
+}
+
+/// An event as a worker proposes it. The server mints `event_id`, `seq`, the Lamport
+/// value (`max(seen, lamport) + 1`), `recorded_at_ms`, `intent_hash` and
+/// `versions.reducer`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendEventBody {
+    #[serde(rename = "type")]
+    pub event_type: EventKind,
+    /// The run (1 to 256 printable bytes). `RunStarted` opens it; every other event
+    /// needs it open.
+    #[schema(example = "run-1", min_length = 1, max_length = 256)]
+    pub run_id: String,
+    #[schema(example = "turn-1", min_length = 1, max_length = 256)]
+    pub turn_id: String,
+    #[schema(example = "refunds.v3", min_length = 1, max_length = 256)]
+    pub agent_id: String,
+    /// The worker's Lamport clock, if it keeps one.
+    #[serde(default)]
+    #[schema(minimum = 0, nullable = false)]
+    pub lamport: Option<u64>,
+    #[serde(default)]
+    pub versions: VersionsBody,
+    /// Append only if the binding's last sequence is this one (0: the ledger is empty);
+    /// otherwise `sequence_conflict` and nothing is appended.
+    #[serde(default)]
+    #[schema(minimum = 0, nullable = false)]
+    pub expected_last_seq: Option<u64>,
+    /// The type's fields (docs/ledger.md "Vocabulary"), at most 32 KiB as canonical JSON.
+    /// Fields holding raw transcripts or hidden reasoning are refused at any depth
+    /// (`transcript`, `reasoning`, `Thought-Process`, `ANALYSIS`, `chain_of_thought`...);
+    /// digests pass (`analysis_digest`); a stated rationale is `rationale`, never `why`.
+    #[serde(deserialize_with = "json_object")]
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+/// Versions recorded with an event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionsView {
+    /// The reducer that folds this event (`ledger-reducer/1`).
+    pub reducer: String,
+    pub schema: String,
+    pub model: String,
+    pub prompt: String,
+    pub tools: String,
+    pub policy: String,
+}
+
+/// A recorded event: the envelope of §3.4 and the binding's sequence number.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventView {
+    /// 1, 2, 3... per binding and epoch, without gaps.
+    pub seq: u64,
+    /// Server-minted, sortable by time: 26 Crockford base-32 characters.
+    #[schema(example = "01JD8X4S3ZQ6G1W7KXN2Y5M0AB")]
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub event_type: EventKind,
+    pub binding_id: String,
+    pub epoch: u64,
+    pub run_id: String,
+    pub turn_id: String,
+    pub agent_id: String,
+    pub lamport: u64,
+    pub recorded_at_ms: i64,
+    /// `sha256:` over the type and the canonical payload.
+    pub intent_hash: String,
+    pub versions: VersionsView,
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+impl From<LedgerEvent> for EventView {
+    fn from(e: LedgerEvent) -> Self {
+        EventView {
+            seq: e.seq,
+            event_id: e.event_id,
+            event_type: e.event_type.into(),
+            binding_id: e.binding_id,
+            epoch: e.epoch,
+            run_id: e.run_id,
+            turn_id: e.turn_id,
+            agent_id: e.agent_id,
+            lamport: e.lamport,
+            recorded_at_ms: e.recorded_at_ms,
+            intent_hash: e.intent_hash,
+            versions: VersionsView {
+                reducer: e.versions.reducer,
+                schema: e.versions.schema,
+                model: e.versions.model,
+                prompt: e.versions.prompt,
+                tools: e.versions.tools,
+                policy: e.versions.policy,
+            },
+            payload: e.payload,
+        }
+    }
+}
+
+/// Where an effect key stands.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectStatusView {
+    /// Attempted, no outcome yet: the call may be in flight, or its worker died.
+    Attempted,
+    /// Landed: never attempt it again; `result` is what a replay returns.
+    Confirmed,
+    /// Did not land: a new attempt is allowed.
+    Refused,
+    /// Indeterminate: reconcile by key; neither success nor failure.
+    Unknown,
+    /// Reconciliation gave up: a person decides.
+    AwaitingHuman,
+}
+
+impl From<EffectStatus> for EffectStatusView {
+    fn from(s: EffectStatus) -> Self {
+        match s {
+            EffectStatus::Attempted => EffectStatusView::Attempted,
+            EffectStatus::Confirmed => EffectStatusView::Confirmed,
+            EffectStatus::Refused => EffectStatusView::Refused,
+            EffectStatus::Unknown => EffectStatusView::Unknown,
+            EffectStatus::AwaitingHuman => EffectStatusView::AwaitingHuman,
+        }
+    }
+}
+
+/// Who observed an outcome.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ViaView {
+    Direct,
+    Reconciliation,
+    Human,
+}
+
+impl From<Via> for ViaView {
+    fn from(v: Via) -> Self {
+        match v {
+            Via::Direct => ViaView::Direct,
+            Via::Reconciliation => ViaView::Reconciliation,
+            Via::Human => ViaView::Human,
+        }
+    }
+}
+
+/// One effect key's record.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EffectView {
+    pub idempotency_key: String,
+    pub status: EffectStatusView,
+    pub tool: String,
+    /// The run and turn of the last attempt.
+    pub run_id: String,
+    pub turn_id: String,
+    pub attempts: u64,
+    pub irreversible: bool,
+    pub last_attempt_seq: u64,
+    /// The sequence of the last outcome or decision.
+    pub outcome_seq: Option<u64>,
+    pub via: Option<ViaView>,
+    /// The recorded result of a confirmed outcome (the payload's `result`).
+    pub result: Option<Value>,
+}
+
+fn effect_view(key: String, e: EffectRecord) -> EffectView {
+    EffectView {
+        idempotency_key: key,
+        status: e.status.into(),
+        tool: e.tool,
+        run_id: e.run_id,
+        turn_id: e.turn_id,
+        attempts: e.attempts,
+        irreversible: e.irreversible,
+        last_attempt_seq: e.last_attempt_seq,
+        outcome_seq: e.outcome_seq,
+        via: e.via.map(Into::into),
+        result: e.result,
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventAppended {
+    /// The recorded event (on a replay, the one recorded the first time).
+    pub event: EventView,
+    /// `true`: an idempotent retry; nothing new was appended.
+    pub replayed: bool,
+    /// This append made three identical effect intents in a row (a loop event, §8.3).
+    pub loop_detected: bool,
+    /// The effect named by the payload's `idempotency_key`, after the append.
+    pub effect: Option<EffectView>,
+}
+
+/// Usage counted against budgets.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageView {
+    /// Events appended.
+    pub steps: u64,
+    pub tokens: u64,
+    pub cost_units: u64,
+    /// Attempts of effects marked irreversible.
+    pub irreversible_effects: u64,
+}
+
+impl From<TurnUsage> for UsageView {
+    fn from(u: TurnUsage) -> Self {
+        UsageView {
+            steps: u.steps,
+            tokens: u.tokens,
+            cost_units: u.cost_units,
+            irreversible_effects: u.irreversible,
+        }
+    }
+}
+
+/// How a closed run ended (§8.3).
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcomeView {
+    Resolved,
+    PartiallyResolved,
+    HandedToHuman,
+    Abandoned,
+    Failed,
+}
+
+impl From<RunOutcomeKind> for RunOutcomeView {
+    fn from(k: RunOutcomeKind) -> Self {
+        match k {
+            RunOutcomeKind::Resolved => RunOutcomeView::Resolved,
+            RunOutcomeKind::PartiallyResolved => RunOutcomeView::PartiallyResolved,
+            RunOutcomeKind::HandedToHuman => RunOutcomeView::HandedToHuman,
+            RunOutcomeKind::Abandoned => RunOutcomeView::Abandoned,
+            RunOutcomeKind::Failed => RunOutcomeView::Failed,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatusView {
+    Running,
+    Completed,
+}
+
+/// Counts by result.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GuardrailCounts {
+    pub passed: u64,
+    pub blocked: u64,
+    pub skipped: u64,
+}
+
+/// Outcome events recorded, by outcome.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutcomeCounts {
+    pub confirmed: u64,
+    pub refused: u64,
+    pub unknown: u64,
+}
+
+/// A run folded from its events by the recorded reducer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunView {
+    pub run_id: String,
+    pub status: RunStatusView,
+    /// Set by `RunCompleted`.
+    pub outcome: Option<RunOutcomeView>,
+    pub started_seq: u64,
+    pub last_seq: u64,
+    pub events: u64,
+    pub usage: UsageView,
+    /// Usage per turn id.
+    pub turns: BTreeMap<String, UsageView>,
+    pub guardrails: GuardrailCounts,
+    pub effects_attempted: u64,
+    pub repeated_actions: u64,
+    pub loops_detected: u64,
+    pub outcomes: OutcomeCounts,
+    pub human_reviews_requested: u64,
+}
+
+impl From<RunState> for RunView {
+    fn from(r: RunState) -> Self {
+        RunView {
+            run_id: r.run_id,
+            status: match r.status {
+                RunStatus::Running => RunStatusView::Running,
+                RunStatus::Completed => RunStatusView::Completed,
+            },
+            outcome: r.outcome.map(Into::into),
+            started_seq: r.started_seq,
+            last_seq: r.last_seq,
+            events: r.events,
+            usage: r.usage.into(),
+            turns: r.turns.into_iter().map(|(k, u)| (k, u.into())).collect(),
+            guardrails: GuardrailCounts {
+                passed: r.guardrails_passed,
+                blocked: r.guardrails_blocked,
+                skipped: r.guardrails_skipped,
+            },
+            effects_attempted: r.actions,
+            repeated_actions: r.repeated_actions,
+            loops_detected: r.loops_detected,
+            outcomes: OutcomeCounts {
+                confirmed: r.outcomes_confirmed,
+                refused: r.outcomes_refused,
+                unknown: r.outcomes_unknown,
+            },
+            human_reviews_requested: r.human_reviews_requested,
+        }
+    }
+}
+
+/// One bucket of memory budget utilisation (`ContextAssembled`'s `budget.used_tokens /
+/// budget.limit_tokens`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UtilisationBucket {
+    /// Upper bound in per mille of the budget; `null`: over the budget.
+    pub upper_permille: Option<u64>,
+    pub count: u64,
+}
+
+/// A run's derived metrics (§8.3). Ratios are `null` when nothing was counted.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunMetricsView {
+    pub guardrail_evaluations: u64,
+    /// (passed + blocked) / (passed + blocked + skipped).
+    pub guardrail_coverage: Option<f64>,
+    /// Effect attempts whose intent hash was in the last 20 / all effect attempts.
+    pub repeated_action_ratio: Option<f64>,
+    pub loops_detected: u64,
+    pub outcome: Option<RunOutcomeView>,
+    pub effects_attempted: u64,
+    pub tokens: u64,
+    pub cost_units: u64,
+    pub cost_per_attempted_effect: Option<f64>,
+    pub context_utilisation: Vec<UtilisationBucket>,
+}
+
+impl From<RunMetrics> for RunMetricsView {
+    fn from(m: RunMetrics) -> Self {
+        RunMetricsView {
+            guardrail_evaluations: m.guardrail_evaluations,
+            guardrail_coverage: m.guardrail_coverage,
+            repeated_action_ratio: m.repeated_action_ratio,
+            loops_detected: m.loops_detected,
+            outcome: m.outcome.map(Into::into),
+            effects_attempted: m.effects_attempted,
+            tokens: m.tokens,
+            cost_units: m.cost_units,
+            cost_per_attempted_effect: m.cost_per_attempted_effect,
+            context_utilisation: m
+                .context_utilisation
+                .into_iter()
+                .map(|(upper_permille, count)| UtilisationBucket {
+                    upper_permille,
+                    count,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The binding epoch's derived metrics over all of its runs (§8.3).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BindingMetricsView {
+    pub runs: u64,
+    pub runs_running: u64,
+    pub resolved: u64,
+    pub partially_resolved: u64,
+    pub handed_to_human: u64,
+    pub abandoned: u64,
+    pub failed: u64,
+    /// Resolved / completed runs.
+    pub resolution_rate: Option<f64>,
+    /// Cost units of completed runs / resolved runs.
+    pub cost_per_resolved_outcome: Option<f64>,
+    /// Cost units of completed runs / completed runs.
+    pub cost_per_attempted_outcome: Option<f64>,
+    /// Effects unknown or awaiting a person's decision.
+    pub unknown_effects_waiting: u64,
+    /// Effects attempted without an outcome yet.
+    pub effects_in_flight: u64,
+    pub guardrail_coverage: Option<f64>,
+    pub repeated_action_ratio: Option<f64>,
+    pub loops_detected: u64,
+}
+
+impl From<BindingMetrics> for BindingMetricsView {
+    fn from(m: BindingMetrics) -> Self {
+        BindingMetricsView {
+            runs: m.runs,
+            runs_running: m.runs_running,
+            resolved: m.resolved,
+            partially_resolved: m.partially_resolved,
+            handed_to_human: m.handed_to_human,
+            abandoned: m.abandoned,
+            failed: m.failed,
+            resolution_rate: m.resolution_rate,
+            cost_per_resolved_outcome: m.cost_per_resolved_outcome,
+            cost_per_attempted_outcome: m.cost_per_attempted_outcome,
+            unknown_effects_waiting: m.unknown_effects_waiting,
+            effects_in_flight: m.effects_in_flight,
+            guardrail_coverage: m.guardrail_coverage,
+            repeated_action_ratio: m.repeated_action_ratio,
+            loops_detected: m.loops_detected,
+        }
+    }
+}
+
+/// A run read (§3.5 state replay).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunRead {
+    pub run_id: String,
+    /// The binding's last sequence the state was folded to.
+    pub last_seq: u64,
+    /// The sequence the events start after (raised to the snapshot's with
+    /// `from_snapshot=true`).
+    pub after_seq: u64,
+    /// The snapshot skipped to, if any.
+    pub snapshot_seq: Option<u64>,
+    /// This run's events with `after_seq < seq <= last_seq`, in order, one page.
+    pub events: Vec<EventView>,
+    /// Pass as `after_seq` for the next page; `null` when this page is the last.
+    pub next_after_seq: Option<u64>,
+    /// The run folded over all of its events.
+    pub state: RunView,
+    /// Effects this run attempted, by key.
+    pub effects: BTreeMap<String, EffectView>,
+    pub metrics: RunMetricsView,
+    pub binding_metrics: BindingMetricsView,
+}
+
+/// A page of the binding's events.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    pub events: Vec<EventView>,
+    /// Pass as `after_seq` for the next page; `null` when this page is the last.
+    pub next_after_seq: Option<u64>,
+}
+
+/// The folded state of a binding's epoch.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LedgerStateView {
+    pub last_seq: u64,
+    pub lamport: u64,
+    pub runs: BTreeMap<String, RunView>,
+    pub effects: BTreeMap<String, EffectView>,
+}
+
+impl From<LedgerState> for LedgerStateView {
+    fn from(s: LedgerState) -> Self {
+        LedgerStateView {
+            last_seq: s.last_seq,
+            lamport: s.lamport,
+            runs: s.runs.into_iter().map(|(k, r)| (k, r.into())).collect(),
+            effects: s
+                .effects
+                .into_iter()
+                .map(|(k, e)| (k.clone(), effect_view(k, e)))
+                .collect(),
+        }
+    }
+}
+
+/// A stored snapshot: the folded state at `seq`. Read it, then the events after `seq`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SnapshotView {
+    pub seq: u64,
+    pub taken_at_ms: i64,
+    pub state: LedgerStateView,
+}
+
+impl From<LedgerSnapshot> for SnapshotView {
+    fn from(s: LedgerSnapshot) -> Self {
+        SnapshotView {
+            seq: s.seq,
+            taken_at_ms: s.taken_at_ms,
+            state: s.state.into(),
+        }
+    }
+}
+
+/// The latest snapshot, or `null` before the first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SnapshotResponse {
+    pub snapshot: Option<SnapshotView>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct EventsQuery {
+    /// Events with a greater sequence (default 0: from the first).
+    after_seq: Option<u64>,
+    /// Page size (default and maximum: the server's page bound, 1,000).
+    #[param(minimum = 1)]
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct RunQuery {
+    /// The run.
+    run_id: String,
+    /// This run's events with a greater sequence (default 0).
+    after_seq: Option<u64>,
+    /// Page size (default and maximum: 1,000).
+    #[param(minimum = 1)]
+    limit: Option<u32>,
+    /// Start the events after the latest snapshot's sequence when that is later.
+    from_snapshot: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct EffectQuery {
+    /// The effect's idempotency key.
+    key: String,
+}
+
+// ---------------------------------------------------------------------------------------
+// Handlers.
+
+/// Redacts secrets in the string values of an attempt's `args` with the memory
+/// pipeline's redactor, so the ledger never keeps a credential a tool was called with.
+fn redact_args(payload: &mut Value) {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::String(s) => {
+                let (clean, found) = redact(s);
+                if found > 0 {
+                    *s = clean;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            Value::Object(map) => map.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    if let Some(args) = payload.get_mut("args") {
+        walk(args);
+    }
+}
+
+/// Append one event to the binding's ledger.
+///
+/// Fenced like every state write (`stale_lease`, `stale_epoch`), optionally on
+/// `expected_last_seq` (`sequence_conflict`), idempotent by `Idempotency-Key`
+/// (`idempotency_mismatch` for another event under the key), and decided against the
+/// folded state: an attempt of a confirmed effect is `effect_confirmed` (its recorded
+/// result in `details.effect.result`), of an unknown or in-flight one
+/// `effect_unresolved`; a circuit breaker is `budget_exceeded` (`details.what`,
+/// `details.limit`); forbidden payload fields are `invalid`. A refusal appends nothing.
+#[utoipa::path(post, path = "/v1/bindings/{binding_id}/runs/events", tag = "runs",
+    params(BindingIdParam, IdempotencyHeader, FenceHeaders, SubjectParam),
+    request_body = AppendEventBody,
+    responses(
+        (status = 201, description = "Appended", body = EventAppended),
+        (status = 200, description = "An idempotent retry: the event recorded the first time", body = EventAppended),
+    ))]
+async fn append_event(
+    State(state): State<AppState>,
+    worker: LedgerWorker,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiJson(body): ApiJson<AppendEventBody>,
+) -> Result<(StatusCode, Json<EventAppended>), ApiError> {
+    let LedgerWorker { record, scope } = worker;
+    let event_type = EventType::from(body.event_type);
+    let mut payload = body.payload;
+    if event_type == EventType::EffectAttempted {
+        redact_args(&mut payload);
+    }
+    let request = AppendRequest {
+        event: NewEvent {
+            event_type,
+            run_id: body.run_id,
+            turn_id: body.turn_id,
+            agent_id: body.agent_id,
+            lamport: body.lamport,
+            versions: Versions {
+                reducer: String::new(),
+                schema: body.versions.schema,
+                model: body.versions.model,
+                prompt: body.versions.prompt,
+                tools: body.versions.tools,
+                policy: body.versions.policy,
+            },
+            payload,
+        },
+        idempotency: Some(
+            state
+                .keyring()
+                .idempotency_digest(&record.binding_id, "ledger.append", &key)
+                .as_str()
+                .to_owned(),
+        ),
+        expected_last_seq: body.expected_last_seq,
+        budgets: state.ledger_budgets().for_binding(&record.binding_id),
+    };
+    let span = span(Step::ThreadStateWrite, "ledger.append", &record.binding_id);
+    let result = traced(span.clone(), state.store().append_event(&scope, &request)).await;
+    let appended = match result {
+        Ok(appended) => appended,
+        Err(mut error) => {
+            state.metrics().ledger().refused(&error);
+            if error.code == ErrorCode::EffectConfirmed {
+                // The short-circuit: hand back what the confirmed outcome recorded, so
+                // the caller returns it instead of calling the tool again.
+                if let Some(key) = error.details.get("idempotency_key").and_then(Value::as_str)
+                    && let Ok(ledger) = state.store().ledger_state(&scope).await
+                    && let Some(effect) = ledger.effects.get(key)
+                {
+                    let view = effect_view(key.to_owned(), effect.clone());
+                    error.details["effect"] = serde_json::to_value(view).unwrap_or(Value::Null);
+                }
+            }
+            return Err(error);
+        }
+    };
+    state.metrics().ledger().appended(&appended);
+    spans::record_count(&span, keys::REVISION, appended.event.seq);
+    let effect_key = appended
+        .event
+        .payload
+        .get("idempotency_key")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let effect = match (appended.signals.effect.clone(), effect_key) {
+        (Some(effect), Some(key)) => Some(effect_view(key, effect)),
+        // A replay changed nothing: report the effect as it stands now.
+        (None, Some(key)) => state
+            .store()
+            .ledger_state(&scope)
+            .await?
+            .effects
+            .remove(&key)
+            .map(|e| effect_view(key, e)),
+        _ => None,
+    };
+    let status = if appended.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(EventAppended {
+            loop_detected: appended.signals.loop_detected,
+            replayed: appended.replayed,
+            event: appended.event.into(),
+            effect,
+        }),
+    ))
+}
+
+fn next_after(events: &[LedgerEvent], limit: usize) -> Option<u64> {
+    if events.len() >= limit {
+        events.last().map(|e| e.seq)
+    } else {
+        None
+    }
+}
+
+/// List the binding's events after a sequence, in order (every run of the epoch).
+#[utoipa::path(get, path = "/v1/bindings/{binding_id}/runs/events", tag = "runs",
+    params(BindingIdParam, EventsQuery, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "A page of events", body = EventPage)))]
+async fn list_events(
+    State(state): State<AppState>,
+    worker: LedgerWorker,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Json<EventPage>, ApiError> {
+    let limit = page_limit(&state, q.limit)?;
+    let span = span(
+        Step::ThreadStateLoad,
+        "ledger.events",
+        &worker.record.binding_id,
+    );
+    let events = traced(
+        span.clone(),
+        state
+            .store()
+            .ledger_events(&worker.scope, None, q.after_seq.unwrap_or(0), limit),
+    )
+    .await?;
+    spans::record_count(&span, keys::COUNT, events.len() as u64);
+    Ok(Json(EventPage {
+        next_after_seq: next_after(&events, limit),
+        events: events.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// Read a run: its events after `after_seq`, its state folded by the recorded reducer,
+/// its effects, and the derived metrics of the run and of the binding.
+#[utoipa::path(get, path = "/v1/bindings/{binding_id}/runs/item", tag = "runs",
+    params(BindingIdParam, RunQuery, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "The run", body = RunRead)))]
+async fn read_run(
+    State(state): State<AppState>,
+    worker: LedgerWorker,
+    ApiQuery(q): ApiQuery<RunQuery>,
+) -> Result<Json<RunRead>, ApiError> {
+    let limit = page_limit(&state, q.limit)?;
+    check_key("run_id", &q.run_id, 256).map_err(ApiError::from)?;
+    let scope = &worker.scope;
+    let span = span(
+        Step::ThreadStateLoad,
+        "ledger.run",
+        &worker.record.binding_id,
+    );
+    let read = traced(span, async {
+        let ledger = state.store().ledger_state(scope).await?;
+        let Some(run) = ledger.runs.get(&q.run_id).cloned() else {
+            return Err(ApiError::not_found(&format!("run {}", q.run_id)));
+        };
+        let mut after_seq = q.after_seq.unwrap_or(0);
+        let mut snapshot_seq = None;
+        if q.from_snapshot == Some(true)
+            && let Some(snapshot) = state.store().ledger_snapshot(scope).await?
+        {
+            snapshot_seq = Some(snapshot.seq);
+            after_seq = after_seq.max(snapshot.seq);
+        }
+        let mut events = state
+            .store()
+            .ledger_events(scope, Some(&q.run_id), after_seq, limit)
+            .await?;
+        // Appends after the state was read belong to the next read.
+        let full_page = events.len() >= limit;
+        events.retain(|e| e.seq <= ledger.last_seq);
+        let next_after_seq = if full_page || events.len() >= limit {
+            events.last().map(|e| e.seq)
+        } else {
+            None
+        };
+        let effects = ledger
+            .effects
+            .iter()
+            .filter(|(_, e)| e.run_id == q.run_id)
+            .map(|(k, e)| (k.clone(), effect_view(k.clone(), e.clone())))
+            .collect();
+        Ok::<_, ApiError>(RunRead {
+            run_id: q.run_id.clone(),
+            last_seq: ledger.last_seq,
+            after_seq,
+            snapshot_seq,
+            next_after_seq,
+            events: events.into_iter().map(Into::into).collect(),
+            metrics: ledger::run_metrics(&run).into(),
+            binding_metrics: ledger::binding_metrics(&ledger).into(),
+            state: run.into(),
+            effects,
+        })
+    })
+    .await?;
+    Ok(Json(read))
+}
+
+/// Read one effect by its idempotency key: status, attempts, who observed the outcome
+/// and the recorded result.
+#[utoipa::path(get, path = "/v1/bindings/{binding_id}/runs/effects", tag = "runs",
+    params(BindingIdParam, EffectQuery, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "The effect", body = EffectView)))]
+async fn read_effect(
+    State(state): State<AppState>,
+    worker: LedgerWorker,
+    ApiQuery(q): ApiQuery<EffectQuery>,
+) -> Result<Json<EffectView>, ApiError> {
+    check_key("key", &q.key, 1024).map_err(ApiError::from)?;
+    let span = span(
+        Step::ThreadStateLoad,
+        "ledger.effect",
+        &worker.record.binding_id,
+    );
+    let mut ledger = traced(span, state.store().ledger_state(&worker.scope)).await?;
+    let effect = ledger
+        .effects
+        .remove(&q.key)
+        .ok_or_else(|| ApiError::not_found("effect"))?;
+    Ok(Json(effect_view(q.key, effect)))
+}
+
+/// Store the folded state at the current last sequence as a snapshot (idempotent per
+/// sequence), so a reader can start there instead of at the first event.
+#[utoipa::path(post, path = "/v1/bindings/{binding_id}/runs/snapshot", tag = "runs",
+    params(BindingIdParam, IdempotencyHeader, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "The snapshot", body = SnapshotView)))]
+async fn take_snapshot(
+    State(state): State<AppState>,
+    worker: LedgerWorker,
+    _key: IdempotencyKey,
+) -> Result<Json<SnapshotView>, ApiError> {
+    let span = span(
+        Step::ThreadStateWrite,
+        "ledger.snapshot",
+        &worker.record.binding_id,
+    );
+    let snapshot = traced(span, state.store().snapshot_ledger(&worker.scope)).await?;
+    Ok(Json(snapshot.into()))
+}
+
+/// The latest snapshot of the epoch, or `null`.
+#[utoipa::path(get, path = "/v1/bindings/{binding_id}/runs/snapshot", tag = "runs",
+    params(BindingIdParam, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "The latest snapshot", body = SnapshotResponse)))]
+async fn read_snapshot(
+    State(state): State<AppState>,
+    worker: LedgerWorker,
+) -> Result<Json<SnapshotResponse>, ApiError> {
+    let span = span(
+        Step::ThreadStateLoad,
+        "ledger.snapshot",
+        &worker.record.binding_id,
+    );
+    let snapshot = traced(span, state.store().ledger_snapshot(&worker.scope)).await?;
+    Ok(Json(SnapshotResponse {
+        snapshot: snapshot.map(Into::into),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_binding_budgets_replace_the_default() {
+        let budgets = LedgerBudgets::new(default_budgets());
+        let id =
+            BindingId::parse("hb_0123456789abcdef0123456789abcdef").unwrap_or_else(|| panic!("id"));
+        assert_eq!(budgets.for_binding(&id), default_budgets());
+        let tight = Budgets {
+            per_turn: Budget {
+                steps: Some(2),
+                ..Budget::default()
+            },
+            ..Budgets::default()
+        };
+        budgets.set_binding(id.clone(), tight);
+        assert_eq!(budgets.for_binding(&id), tight);
+        budgets.remove_binding(&id);
+        assert_eq!(budgets.for_binding(&id), default_budgets());
+    }
+
+    #[test]
+    fn attempt_arguments_are_redacted() {
+        let mut payload = serde_json::json!({
+            "tool": "call_api",
+            "args": {"auth": "Bearer sk-live-0123456789abcdefghijklmnop", "amount": 20},
+        });
+        redact_args(&mut payload);
+        let auth = payload["args"]["auth"].as_str().unwrap_or_default();
+        assert!(!auth.contains("sk-live-0123456789"), "{auth}");
+        assert_eq!(payload["args"]["amount"], 20);
+    }
+
+    #[test]
+    fn outcomes_count_by_outcome_and_via() {
+        let metrics = LedgerMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let event = |t: EventType, payload: Value| LedgerAppend {
+            event: LedgerEvent {
+                seq: 1,
+                event_id: String::new(),
+                event_type: t,
+                binding_id: String::new(),
+                epoch: 0,
+                run_id: "r".into(),
+                turn_id: "t".into(),
+                agent_id: "a".into(),
+                lamport: 1,
+                recorded_at_ms: 0,
+                intent_hash: String::new(),
+                versions: Versions::default(),
+                payload,
+                request_digest: String::new(),
+            },
+            replayed: false,
+            signals: Default::default(),
+        };
+        metrics.appended(&event(
+            EventType::EffectOutcomeObserved,
+            serde_json::json!({"idempotency_key": "k", "outcome": "confirmed", "via": "reconciliation"}),
+        ));
+        let mut replay = event(
+            EventType::EffectOutcomeObserved,
+            serde_json::json!({"idempotency_key": "k", "outcome": "confirmed"}),
+        );
+        replay.replayed = true;
+        metrics.appended(&replay);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            text.contains(
+                "ledger_effect_outcomes_total{outcome=\"confirmed\",via=\"reconciliation\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("via=\"direct\""), "a replay counts nothing");
+    }
+}
