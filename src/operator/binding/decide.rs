@@ -35,7 +35,10 @@ use crate::{
         sandbox::{self, Sandbox, SandboxClaim},
     },
     domain::{duration, state::Durability},
-    operator::Error,
+    operator::{
+        Error,
+        failure::{Category, STALLED},
+    },
     store::ClearReport,
 };
 
@@ -398,6 +401,9 @@ fn accept_profile(
     };
     if let Some((reason, message)) = refusal {
         d.condition(PROFILE_ACCEPTED, false, reason, message.clone());
+        // kstatus: only a change to the profile (or to the binding's reference) cures
+        // this, so the binding is Stalled, not InProgress.
+        d.condition(STALLED, true, reason, message.clone());
         d.event(true, reason, message);
         return Ok(None);
     }
@@ -430,6 +436,18 @@ fn accept_profile(
         max_lifetime: parse("maxLifetime", &t.max_lifetime)?,
         profile: profile.clone(),
     };
+    // Only the profile verdict's own `Stalled` is cleared here; one the error policy set
+    // (`failure.rs`, e.g. `InvalidSpec`) is its to clear after a successful reconcile.
+    let policy_stalled = conditions::get(&d.status.conditions, STALLED)
+        .is_some_and(|c| c.status == TRUE && Category::is_failure_reason(&c.reason));
+    if !policy_stalled {
+        d.condition(
+            STALLED,
+            false,
+            Reason::Accepted,
+            format!("SandboxProfile {name} accepts this binding"),
+        );
+    }
     d.condition(
         PROFILE_ACCEPTED,
         true,

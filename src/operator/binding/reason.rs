@@ -8,7 +8,8 @@
 //! The error policy's categories (`InvalidSpec`, ...) live in `failure.rs`.
 
 use super::{
-    HIBERNATED, PROFILE_ACCEPTED, READY, REPLACED, SANDBOX_READY, STATE_DURABLE, WORKER_VERIFIED,
+    super::failure::STALLED, HIBERNATED, PROFILE_ACCEPTED, READY, REPLACED, SANDBOX_READY,
+    STATE_DURABLE, WORKER_VERIFIED,
 };
 
 /// Where a reason appears.
@@ -123,14 +124,16 @@ reasons! {
         "the pod speaks a protocol version the profile's `workerProtocolVersions` does not list";
     ProfileAccepted => [True(PROFILE_ACCEPTED)],
         "the profile exists, is enabled, Ready, and allows the binding's harness";
-    ProfileNotFound => [False(PROFILE_ACCEPTED), Warning],
+    ProfileNotFound => [False(PROFILE_ACCEPTED), True(STALLED), Warning],
         "`spec.sandboxProfileRef` names no SandboxProfile in the binding's namespace";
-    ProfileDisabled => [False(PROFILE_ACCEPTED), Warning],
+    ProfileDisabled => [False(PROFILE_ACCEPTED), True(STALLED), Warning],
         "the SandboxProfile is disabled";
-    HarnessNotAllowed => [False(PROFILE_ACCEPTED), Warning],
+    HarnessNotAllowed => [False(PROFILE_ACCEPTED), True(STALLED), Warning],
         "the SandboxProfile does not allow the binding's harness";
     ProfileNotReady => [False(PROFILE_ACCEPTED)],
         "the SandboxProfile is not Ready (its own `Ready` condition says why)";
+    Accepted => [False(STALLED)],
+        "the SandboxProfile accepts the binding, so it is not stalled on its profile (kstatus)";
     HeadCommitted => [True(STATE_DURABLE)],
         "the store's durable head is committed";
     NoTurnYet => [True(STATE_DURABLE)],
@@ -191,6 +194,10 @@ const CONDITION_TYPES: &[(&str, &str)] = &[
         "the current lease replaced an earlier one; the reason says why",
     ),
     (HIBERNATED, "the Sandbox is suspended after its idle TTL"),
+    (
+        STALLED,
+        "kstatus: only a change to the profile or the binding cures it (the error policy's `InvalidSpec` too, see Failures)",
+    ),
 ];
 
 /// Where the generated tables go in `docs/operator.md`.

@@ -298,6 +298,8 @@ struct Want {
     after: Option<Vec<Effect>>,
     next: Option<Next>,
     tally: Option<Vec<Tally>>,
+    /// `Some(Some(r))`: `Stalled=True` with reason `r`; `Some(None)`: not `Stalled=True`.
+    stalled: Option<Option<Reason>>,
 }
 
 struct Case {
@@ -371,6 +373,19 @@ fn check(case: Case) {
     if let Some(tally) = w.tally {
         assert_eq!(plan.tally, tally, "{name}: tally");
     }
+    if let Some(stalled) = w.stalled {
+        let got = plan
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, crate::operator::failure::STALLED))
+            .filter(|c| c.status == TRUE)
+            .map(|c| c.reason.clone());
+        assert_eq!(
+            got.as_deref(),
+            stalled.map(Reason::as_str),
+            "{name}: Stalled"
+        );
+    }
     declared(name, &plan);
 }
 
@@ -417,6 +432,7 @@ fn leak(type_: &str) -> &'static str {
         STATE_DURABLE,
         REPLACED,
         HIBERNATED,
+        crate::operator::failure::STALLED,
     ]
     .into_iter()
     .find(|t| *t == type_)
@@ -455,7 +471,9 @@ fn the_lease_is_claimed_fenced_and_bound_in_order() {
                     (SANDBOX_READY, FALSE, Reason::ClaimNotReady),
                     (WORKER_VERIFIED, FALSE, Reason::Claiming),
                     (PROFILE_ACCEPTED, TRUE, Reason::ProfileAccepted),
+                    (crate::operator::failure::STALLED, FALSE, Reason::Accepted),
                 ],
+                stalled: Some(None),
                 events: Some(vec![(Reason::LeaseStarted, false)]),
                 next: Some(Next::Continue),
                 ..Default::default()
@@ -1037,6 +1055,7 @@ fn refused(name: &'static str, snap: Snapshot, why: Reason, warning: bool) -> Ca
                 (PROFILE_ACCEPTED, FALSE, why),
                 (READY, FALSE, Reason::ProfileNotAccepted),
             ],
+            stalled: Some(warning.then_some(why)),
             events: Some(if warning { vec![(why, true)] } else { vec![] }),
             effects: Some(vec![]),
             next: Some(Next::Requeue(Duration::from_secs(60))),
@@ -1345,5 +1364,44 @@ fn docs_reason_tables_match_the_reason_enum() {
         found,
         table.trim_matches('\n'),
         "docs/operator.md's reason tables drifted from src/operator/binding/reason.rs; regenerate: HARNESS_ENGINE_BLESS=1 cargo test --locked --lib operator::binding::tests::docs"
+    );
+}
+
+#[test]
+fn a_fixed_profile_clears_its_stall_and_leaves_the_error_policys_alone() {
+    let stalled_with = |reason: &str| {
+        let mut s = HarnessBindingStatus::default();
+        s.conditions.push(Condition {
+            type_: crate::operator::failure::STALLED.into(),
+            status: TRUE.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: at(0),
+            observed_generation: Some(1),
+        });
+        s
+    };
+    let stalled = |status| {
+        let (plan, _) = run(
+            &binding(Some(status)),
+            snap(Objects::default()),
+            &world(Objects::default()),
+        );
+        plan.ok()
+            .and_then(|p| p.status)
+            .and_then(|s| {
+                conditions::get(&s.conditions, crate::operator::failure::STALLED).cloned()
+            })
+            .map(|c| (c.status, c.reason))
+    };
+    assert_eq!(
+        stalled(stalled_with("ProfileNotFound")),
+        Some((FALSE.to_owned(), "Accepted".to_owned())),
+        "the profile now exists: no longer stalled on it"
+    );
+    assert_eq!(
+        stalled(stalled_with("InvalidSpec")),
+        Some((TRUE.to_owned(), "InvalidSpec".to_owned())),
+        "the error policy clears its own Stalled after a successful reconcile"
     );
 }
