@@ -404,14 +404,11 @@ async fn every_state_reads_the_same_in_argocd_kstatus_and_flux() {
                 "unreadable-writes",
                 expect("Degraded", "Failed", "Failed"),
             ),
-            // KNOWN GAP (kstatus only): the binding controller reports a missing profile
-            // as Ready=False without Stalled=True, so kstatus reads it as InProgress
-            // (its Ready fallback). Argo CD and Flux read lifecycle/Ready and say
-            // failed. When the binding sets Stalled=True here, this becomes "Failed".
+            // A missing profile is Stalled=True (ProfileNotFound): kstatus reads Failed.
             (
                 "harnessbinding",
                 "orphan",
-                expect("Degraded", "InProgress", "Failed"),
+                expect("Degraded", "Failed", "Failed"),
             ),
         ],
     );

@@ -102,7 +102,7 @@ impl Error {
         match self {
             Error::Invalid(_) => Category::InvalidSpec,
             Error::Store(_) => Category::StoreUnavailable,
-            Error::Json(_) | Error::Finalizer(_) => Category::Internal,
+            Error::Json(_) | Error::Finalizer(_) | Error::Internal(_) => Category::Internal,
             Error::Kube(kube::Error::Api(s)) => match s.code {
                 400 | 422 => Category::InvalidSpec,
                 403 | 401 => Category::Forbidden,

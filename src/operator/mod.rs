@@ -79,6 +79,8 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("finalizer: {0}")]
     Finalizer(String),
+    #[error("internal: {0}")]
+    Internal(String),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
