@@ -189,11 +189,12 @@ fn main() {
                         Kind::Oversize => fenced(Method::POST, commit)
                             .header("Content-Type", "application/json")
                             .body(bodies.oversize.clone()),
-                        Kind::State => {
-                            fenced(Method::POST, format!("/v1/bindings/{binding}/state/pending"))
-                                .header("Content-Type", "application/octet-stream")
-                                .body(bodies.blob.clone())
-                        }
+                        Kind::State => fenced(
+                            Method::POST,
+                            format!("/v1/bindings/{binding}/state/pending"),
+                        )
+                        .header("Content-Type", "application/octet-stream")
+                        .body(bodies.blob.clone()),
                         Kind::Object => fenced(
                             Method::PUT,
                             format!("/v1/bindings/{binding}/objects/item?key=big-{}", i % 4),
