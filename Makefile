@@ -78,11 +78,19 @@ bench-ledger:
 bench-api:
 	$(CARGO) bench --locked --bench api
 
-## bench-operator: 500 bindings created at once on the local control plane: time to all
-## Ready, our overhead p50/p99, API requests per binding, operator RSS
-## (prints a table, writes target/bench/operator.json).
+## bench-operator: BINDINGS (default 500) bindings created at once on the local control
+## plane, and as many bare SandboxClaims on an identical warm pool in the same run: time
+## to all Ready and its ratio to the bare claims, our overhead p50/p99, API requests per
+## binding, operator RSS, recovery over 20 operator restarts (prints a table, writes
+## target/bench/operator.json). REAL_NODE=1: on one real node instead of kwok (default
+## 100 bindings; scripts/bench-operator-real-node.sh).
 bench-operator: e2e-build
-	$(E2E)/with-control-plane.sh $(CARGO) bench --locked --bench operator
+ifeq ($(REAL_NODE),1)
+	$(CARGO) build --locked --bin harness-engine
+	BINDINGS=$(or $(BINDINGS),100) scripts/bench-operator-real-node.sh
+else
+	$(if $(BINDINGS),HARNESS_BENCH_BINDINGS=$(BINDINGS)) $(E2E)/with-control-plane.sh $(CARGO) bench --locked --bench operator
+endif
 
 ## bench-python: LangGraph checkpointers side by side (ours, SQLite, PostgreSQL):
 ## checkpoints/s and put p99 (prints a table, writes target/bench/python.json).
