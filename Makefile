@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
+.PHONY: kind-e2e all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -133,6 +133,13 @@ ifeq ($(REAL_NODE),1)
 else
 	$(E2E)/up.sh
 endif
+
+## kind-e2e: for users with Docker: a kind cluster, our images loaded onto its node, and
+## the same production-path and install-doc steps as the real-node tier (CI runs that
+## tier; this machine has no Docker engine). KEEP=1 keeps the cluster.
+kind-e2e: e2e-build
+	$(CARGO) build --locked --bin harness-engine
+	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/kind-e2e.sh
 
 e2e-down:
 ifeq ($(REAL_NODE),1)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The production path on the real node (e2e/scripts/realnode.sh up first; `source
-# $RUN/env`): the chart installed with the image built from ./Dockerfile, the operator
+# The production path on a node whose pods really run: the real node
+# (e2e/scripts/realnode.sh up first; `source $RUN/env`) or a kind cluster
+# (e2e/scripts/kind-e2e.sh, the same steps through e2e/scripts/node-lib.sh): the chart installed with the image built from ./Dockerfile, the operator
 # running as a pod under the chart's ServiceAccount and RBAC only, the webhook reached by
 # the API server through its Service, a binding leasing a real sandbox pod that runs the
 # example worker (examples/worker) and commits its checkpoints with its projected token;
@@ -13,7 +14,10 @@ set -euo pipefail
 : "${KUBECONFIG:?source the real node env first (e2e/scripts/realnode.sh up)}"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 K() { "$HARNESS_E2E_BIN/kubectl" "$@"; }
-ctr_() { ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io "$@"; }
+# ctr_, node_sh, node_curl, NODE_SELECTOR: the real node by default, a kind node under
+# `make kind-e2e` (e2e/scripts/node-lib.sh).
+# shellcheck source=node-lib.sh
+source "$repo/e2e/scripts/node-lib.sh"
 HELM=$("$repo/e2e/scripts/build-tools.sh")/helm
 home=$(mktemp -d); trap 'rm -rf "$home"' EXIT
 export HELM_CACHE_HOME=$home/c HELM_CONFIG_HOME=$home/f HELM_DATA_HOME=$home/d
@@ -46,8 +50,8 @@ until_ok 180 "namespace $NS of an earlier run still terminating" absent $NS
 
 # The embedded store's volume: a hostPath PersistentVolume pre-bound to the chart's claim
 # (there is no provisioner on this node), writable by the image's 65532.
-pv_dir=$HARNESS_E2E_RUN/pv/harness-engine-data
-rm -rf "$pv_dir"; mkdir -p "$pv_dir"; chown 65532:65532 "$pv_dir"
+pv_dir=${HARNESS_E2E_PV_ROOT:-$HARNESS_E2E_RUN/pv}/harness-engine-data
+node_sh "rm -rf '$pv_dir' && mkdir -p '$pv_dir' && chown 65532:65532 '$pv_dir'"
 K delete pv harness-engine-data-e2e --ignore-not-found --timeout=60s >/dev/null
 K apply -f - >/dev/null <<EOF2
 apiVersion: v1
@@ -100,7 +104,7 @@ spec:
     spec:
       serviceAccountName: harness-worker
       automountServiceAccountToken: false
-      nodeSelector: {type: real}
+      nodeSelector: $NODE_SELECTOR
       containers:
       - name: worker
         image: localhost/harness-engine/worker@$digest
@@ -190,7 +194,7 @@ say "binding $bid Ready at generation $(gen), worker pod $pod"
 
 turn() { # pod message -> prints the JSON reply
   local ip; ip=$(K -n $APP get pod "$1" -o jsonpath='{.status.podIP}')
-  curl -sS --max-time 60 -H 'Content-Type: application/json' \
+  node_curl -sS --max-time 60 -H 'Content-Type: application/json' \
     -d "{\"binding_id\":\"$bid\",\"message\":\"$2\"}" "http://$ip:8000/turns"
 }
 out=$(turn "$pod" hello) || fail "turn 1: $out"
@@ -215,7 +219,7 @@ say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
 # its TokenReview is cached) and with the live pod's token (refused by the fence).
 op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
 late() { # token -> "<http status> <body>"
-  curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
+  node_curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
     -H "Authorization: Bearer $1" -H 'Content-Type: application/octet-stream' \
     -H "Idempotency-Key: late-$RANDOM$RANDOM" -H 'Harness-Epoch: 0' \
     -H "Harness-Lease-Generation: $g1" -H 'Harness-Codec: langgraph.checkpoint.v1' \
