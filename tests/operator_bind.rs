@@ -1,7 +1,8 @@
 //! End-to-end: a conversation started through the data plane alone. A control-plane
 //! ServiceAccount (RBAC on harnessbindings, impersonation of its end user) binds over
-//! HTTP; the real `harness-engine operator` process creates the HarnessBinding with its
-//! own client, the Agent Sandbox controller claims a sandbox and kwok runs its pod.
+//! HTTP; the real `harness-engine operator` process, running as its own ServiceAccount
+//! with the ClusterRole of `config/rbac` (the chart's), creates the HarnessBinding, the
+//! Agent Sandbox controller claims a sandbox and kwok runs its pod.
 //! Nothing is mocked; the local control plane comes from `e2e/scripts/with-control-plane.sh`.
 
 mod common;
@@ -22,7 +23,7 @@ use harness_engine::{
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     core::v1::ServiceAccount,
-    rbac::v1::{Role, RoleBinding},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -81,6 +82,94 @@ async fn bind(op: &Operator, token: &str, subject: &str, body: Value) -> (u16, V
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// The operator's identity as the chart deploys it: a ServiceAccount bound to the
+/// ClusterRole of `config/rbac/role.yaml` (the chart's, kept equal by `tests/chart.rs`),
+/// and a kubeconfig holding its token. The cluster-scoped role and binding are deleted on
+/// drop.
+struct OperatorIdentity {
+    client: Client,
+    name: String,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl OperatorIdentity {
+    async fn create(client: &Client, ns: &str, dir: &std::path::Path) -> Self {
+        service_account(client, ns, "harness-engine").await;
+        let text = std::fs::read_to_string(common::repo_path("config/rbac/role.yaml"))
+            .expect("config/rbac/role.yaml");
+        let mut role: ClusterRole = serde_saphyr::from_str(&text).expect("ClusterRole yaml");
+        let name = format!("{ns}-operator");
+        role.metadata.name = Some(name.clone());
+        Api::<ClusterRole>::all(client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .expect("operator ClusterRole");
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": [{"kind": "ServiceAccount", "name": "harness-engine", "namespace": ns}]})).expect("binding"))
+            .await
+            .expect("operator ClusterRoleBinding");
+        // The API server's own audience: the operator talks to the API server with it,
+        // as with its projected ServiceAccount token in a pod.
+        let api: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+        let token = api
+            .create_token_request(
+                "harness-engine",
+                &PostParams::default(),
+                &TokenRequest {
+                    spec: Some(TokenRequestSpec {
+                        audiences: Some(vec![]),
+                        expiration_seconds: Some(3600),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("operator token")
+            .status
+            .and_then(|s| s.token)
+            .expect("token");
+        let admin =
+            std::fs::read_to_string(&common::control_plane().kubeconfig).expect("kubeconfig");
+        let admin: Value = serde_saphyr::from_str(&admin).expect("kubeconfig yaml");
+        let cluster = admin["clusters"][0].clone();
+        let kubeconfig = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [cluster],
+            "users": [{"name": "operator", "user": {"token": token}}],
+            "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": "operator", "namespace": ns}}],
+            "current-context": "operator",
+        });
+        let path = dir.join("operator.kubeconfig");
+        std::fs::write(&path, kubeconfig.to_string()).expect("operator kubeconfig");
+        OperatorIdentity {
+            client: client.clone(),
+            name,
+            kubeconfig: path,
+        }
+    }
+}
+
+impl Drop for OperatorIdentity {
+    fn drop(&mut self) {
+        let (client, name) = (self.client.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let _ = std::thread::spawn(move || {
+                handle.block_on(async move {
+                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                    let _ = Api::<ClusterRole>::all(client)
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                })
+            })
+            .join();
+        }
+    }
+}
+
 fn rand_suffix() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
@@ -106,12 +195,18 @@ async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_
     let key_file = dir.path().join("identity.key");
     std::fs::write(&key_file, &key).expect("key file");
     let keyring = Keyring::new(key, "e2e").expect("keyring");
-    let mut op = Operator::start(OperatorOptions {
-        namespace: &ns,
-        data_dir: &dir.path().join("data"),
-        leader_lease_seconds: None,
-        extra: vec!["--identity-key-file".into(), key_file.display().to_string()],
-    });
+    // The operator runs as the chart runs it: its own ServiceAccount and ClusterRole, so
+    // the HarnessBinding a bind creates is created with exactly that RBAC.
+    let identity = OperatorIdentity::create(&client, &ns, dir.path()).await;
+    let mut op = Operator::start_with_kubeconfig(
+        OperatorOptions {
+            namespace: &ns,
+            data_dir: &dir.path().join("data"),
+            leader_lease_seconds: None,
+            extra: vec!["--identity-key-file".into(), key_file.display().to_string()],
+        },
+        &identity.kubeconfig,
+    );
 
     // The backend: may create and read bindings here, and act for alice only.
     service_account(&client, &ns, "backend").await;

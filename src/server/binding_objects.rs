@@ -65,6 +65,9 @@ pub enum ObjectError {
     /// The API server (CEL, admission) refused the object; the message says why.
     #[error("{0}")]
     Refused(String),
+    /// The operator's own ServiceAccount may not do this: its RBAC is not the chart's.
+    #[error("{0}")]
+    NotPermitted(String),
     /// The API server could not answer.
     #[error("{0}")]
     Unavailable(String),
@@ -264,6 +267,14 @@ fn object_failed(e: ObjectError) -> ApiError {
         ObjectError::Refused(message) => ApiError::invalid(format!(
             "the Kubernetes API server refused the HarnessBinding: {message}"
         )),
+        // Not the caller's doing and not transient: the deployment needs fixing.
+        ObjectError::NotPermitted(message) => {
+            tracing::error!(error = %message, "bind: the operator's ServiceAccount may not manage HarnessBindings; its ClusterRole needs the chart's rules");
+            ApiError::new(
+                ErrorCode::Internal,
+                "the operator is not permitted to manage HarnessBindings here: its ClusterRole needs create on harnessbindings (the chart's RBAC)",
+            )
+        }
         other => {
             tracing::warn!(error = %other, "bind: a HarnessBinding operation failed");
             let mut err = ApiError::new(
@@ -452,7 +463,11 @@ fn kube_error(e: kube::Error) -> ObjectError {
         kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists" => {
             ObjectError::AlreadyExists
         }
-        // Invalid (CEL, schema), BadRequest or Forbidden from an admission webhook.
+        // RBAC refusing the operator itself (an admission webhook's 403 says so).
+        kube::Error::Api(s) if s.code == 403 && !s.message.contains("admission webhook") => {
+            ObjectError::NotPermitted(s.message)
+        }
+        // Invalid (CEL, schema), BadRequest, or a refusal by an admission webhook.
         kube::Error::Api(s) if matches!(s.code, 400 | 403 | 422) => ObjectError::Refused(s.message),
         other => ObjectError::Unavailable(other.to_string()),
     }

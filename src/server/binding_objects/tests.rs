@@ -286,3 +286,58 @@ fn reference_names_are_kubernetes_object_names() {
         assert!(!valid_object_name(bad), "{bad}");
     }
 }
+
+#[test]
+fn api_server_answers_map_to_what_the_caller_can_do_about_them() {
+    let status = |code: u16, reason: &str, message: &str| {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                reason: reason.into(),
+                message: message.into(),
+                ..Default::default()
+            }
+            .boxed(),
+        )
+    };
+    assert_eq!(
+        kube_error(status(
+            409,
+            "AlreadyExists",
+            "harnessbindings \"hb-1\" already exists"
+        )),
+        ObjectError::AlreadyExists
+    );
+    // The operator's own RBAC: a deployment fault, a 500 that says what to fix.
+    let rbac = kube_error(status(
+        403,
+        "Forbidden",
+        "harnessbindings is forbidden: User \"system:serviceaccount:x:harness-engine\" cannot create resource",
+    ));
+    assert!(matches!(rbac, ObjectError::NotPermitted(_)), "{rbac:?}");
+    let err = object_failed(rbac);
+    assert_eq!(err.code, ErrorCode::Internal);
+    assert!(
+        err.message.contains("create on harnessbindings"),
+        "{}",
+        err.message
+    );
+    // An admission webhook's or CEL's refusal: the request's fault, 422.
+    for (code, message) in [
+        (
+            403,
+            "admission webhook \"bindings.harness-engine.dev\" denied the request: SandboxProfile \"p\" is disabled",
+        ),
+        (
+            422,
+            "HarnessBinding.harness-engine.dev \"hb-1\" is invalid: spec.epoch: Invalid value",
+        ),
+    ] {
+        let err = object_failed(kube_error(status(code, "Invalid", message)));
+        assert_eq!(err.code, ErrorCode::Invalid, "{message}");
+        assert!(err.message.contains(message), "{}", err.message);
+    }
+    let err = object_failed(kube_error(status(500, "InternalError", "etcd timeout")));
+    assert_eq!(err.code, ErrorCode::Unavailable);
+    assert_eq!(err.retry_after_s, Some(1));
+}
