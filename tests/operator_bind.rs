@@ -378,6 +378,34 @@ async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_
         "only the one bound conversation has a HarnessBinding"
     );
 
+    // 5. Two binds of a new conversation at once (a client retry, two replicas): one
+    //    object, both answers name it, one of them created it.
+    let mut raced = request.clone();
+    raced["conversation_id"] = json!("conv-raced");
+    let (a, b) = tokio::join!(
+        bind(&op, &backend, SUBJECT, raced.clone()),
+        bind(&op, &backend, SUBJECT, raced.clone())
+    );
+    let mut statuses = [a.0, b.0];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 201], "{} {}", a.1, b.1);
+    assert_eq!(
+        a.1["harness_binding"], b.1["harness_binding"],
+        "{} {}",
+        a.1, b.1
+    );
+    let raced_id = keyring.binding_id(SUBJECT, AGENT, "conv-raced");
+    let selector = format!("{BINDING_ID_LABEL}={}", raced_id.as_str());
+    assert_eq!(
+        bindings
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+
     op.stop();
     drop_finalizers(&ns);
 }
