@@ -57,8 +57,52 @@ enum Command {
         #[arg(long = "host", value_name = "HOST")]
         hosts: Vec<String>,
     },
+    /// Print the keyed subject reference (`hmac-sha256:...`) of an end-user subject, for
+    /// `HarnessBinding.spec.subjectRef` in YAML. Needs the operator's identity key and
+    /// environment.
+    SubjectRef(SubjectRefArgs),
     /// Print the version.
     Version,
+}
+
+#[derive(Args)]
+struct SubjectRefArgs {
+    /// The end-user subject, exactly as a control-plane service names it in
+    /// `Harness-Subject` (for example `user:alice`).
+    subject: String,
+    /// The operator's HMAC identity key (the chart mounts it at
+    /// `/etc/harness-engine/identity/key`). Default: `identity.key` in `--data-dir`.
+    #[arg(long, value_name = "FILE")]
+    identity_key_file: Option<PathBuf>,
+    /// The operator's data directory, holding `identity.key` when no file is named.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/harness-engine")]
+    data_dir: PathBuf,
+    /// The operator's environment id (its `--environment`): part of every reference.
+    #[arg(long, default_value = "default")]
+    environment: String,
+}
+
+/// The subject reference `harness-engine subject-ref` prints. Never creates a key: a
+/// reference made with any other key than the operator's would name nobody.
+fn subject_ref(args: &SubjectRefArgs) -> anyhow::Result<String> {
+    use harness_engine::{domain::ids::Keyring, server::auth::valid_subject};
+    if !valid_subject(&args.subject) {
+        anyhow::bail!("the subject must be 1 to 256 bytes without control characters");
+    }
+    let path = args
+        .identity_key_file
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("identity.key"));
+    let key = fs::read(&path).with_context(|| {
+        format!(
+            "reading the identity key {}: pass the operator's key with --identity-key-file \
+             (in a cluster: kubectl get secret <release>-identity -o jsonpath='{{.data.key}}' | base64 -d > key)",
+            path.display()
+        )
+    })?;
+    let keyring = Keyring::new(key, &args.environment)
+        .with_context(|| format!("identity key {}", path.display()))?;
+    Ok(keyring.subject_ref(&args.subject).as_str().to_owned())
 }
 
 #[derive(Args)]
@@ -286,6 +330,7 @@ fn main() -> anyhow::Result<()> {
                 hosts.join(", ")
             );
         }
+        Command::SubjectRef(args) => println!("{}", subject_ref(&args)?),
         Command::Version => println!("harness-engine {}", env!("CARGO_PKG_VERSION")),
     }
     Ok(())
@@ -420,6 +465,12 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             ServerConfig::new(limits),
             server_metrics,
         );
+        // Binds from control-plane services create the conversation's HarnessBinding
+        // with this process's own ServiceAccount (docs/operator.md).
+        state.use_binding_objects(Arc::new(server::binding_objects::KubeBindingObjects::new(
+            client.clone(),
+            args.namespace.clone(),
+        )));
         let api = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
@@ -613,5 +664,47 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(subject: &str, key_file: Option<PathBuf>, environment: &str) -> SubjectRefArgs {
+        SubjectRefArgs {
+            subject: subject.into(),
+            identity_key_file: key_file,
+            data_dir: PathBuf::from("/nonexistent/harness-engine"),
+            environment: environment.into(),
+        }
+    }
+
+    #[test]
+    fn subject_ref_is_the_operators_reference_and_needs_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = b"subject-ref-test-key-0123456789abcdef".to_vec();
+        let file = dir.path().join("key");
+        fs::write(&file, &key).expect("key");
+        let printed = subject_ref(&args("user:alice", Some(file.clone()), "e2e")).expect("ref");
+        let keyring = harness_engine::domain::ids::Keyring::new(key, "e2e").expect("keyring");
+        assert_eq!(printed, keyring.subject_ref("user:alice").as_str());
+        assert!(printed.starts_with("hmac-sha256:") && printed.len() == 12 + 64);
+        // The environment is part of the reference.
+        let other = subject_ref(&args("user:alice", Some(file.clone()), "default")).expect("ref");
+        assert_ne!(printed, other);
+
+        let missing = subject_ref(&args("user:alice", None, "e2e")).expect_err("no key");
+        let text = format!("{missing:#}");
+        assert!(
+            text.contains("/nonexistent/harness-engine/identity.key")
+                && text.contains("--identity-key-file"),
+            "{text}"
+        );
+        fs::write(&file, b"short").expect("short key");
+        let short = subject_ref(&args("user:alice", Some(file), "e2e")).expect_err("short key");
+        assert!(format!("{short:#}").contains("at least"), "{short:#}");
+        let bad = subject_ref(&args("", None, "e2e")).expect_err("empty subject");
+        assert!(bad.to_string().contains("subject"), "{bad}");
     }
 }
