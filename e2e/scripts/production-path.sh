@@ -170,24 +170,56 @@ K get --raw /metrics | grep 'apiserver_admission_webhook_admission_duration_seco
   fail "the API server recorded no rejection by harnessbindings.harness-engine.dev"
 say "webhook (API server -> Service harness-engine-webhook -> operator pod) refused: $(echo "$bad" | head -1 | cut -c1-200)"
 
-# A binding (the test applies it, as a chat backend's bind would create it).
-K -n $APP apply -f - >/dev/null <<EOF2 || fail "binding refused"
-apiVersion: harness-engine.dev/v1alpha1
-kind: HarnessBinding
-metadata: {name: conversation-1}
-spec:
-  agentId: research-assistant
-  conversationId: conv-0001
-  subjectRef: hmac-sha256:5f0c6c8f3f5b0e1c2a9d4b7e8f6a1c3d2e4b5a6978c0d1e2f3a4b5c6d7e8f901
-  harness: {id: deepagents, contractVersion: 1}
-  sandboxProfileRef: {name: python-worker}
-  epoch: 0
+# A chat backend starts the conversation through the data plane alone: its own
+# ServiceAccount with the documented RBAC (create/get/update on harnessbindings in its
+# namespace, impersonation of the end user it acts for), a bind, and the operator's data
+# plane creates the HarnessBinding (docs/api.md, "Binding in operator mode").
+K -n $APP apply -f - >/dev/null <<EOF2 || fail "chat backend RBAC refused"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: chat-backend}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: chat-backend}
+rules:
+- {apiGroups: [harness-engine.dev], resources: [harnessbindings], verbs: [get, create, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: chat-backend}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: chat-backend}
+subjects: [{kind: ServiceAccount, name: chat-backend, namespace: $APP}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: $APP-chat-backend-act-for-alice}
+rules:
+- {apiGroups: [""], resources: [users], verbs: [impersonate], resourceNames: ["user:alice"]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: $APP-chat-backend-act-for-alice}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: $APP-chat-backend-act-for-alice}
+subjects: [{kind: ServiceAccount, name: chat-backend, namespace: $APP}]
 EOF2
-ready() { [[ $(K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
-gen() { K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.lease.generation}'; }
+op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
+backend_token=$(K -n $APP create token chat-backend --audience harness-engine --duration 10m) || fail "no token for the chat backend"
+bound=$(node_curl -sS --max-time 30 -w '\n%{http_code}' -X POST \
+  -H "Authorization: Bearer $backend_token" -H 'Harness-Subject: user:alice' \
+  -H "Idempotency-Key: bind-$RANDOM$RANDOM" -H 'Content-Type: application/json' \
+  -d '{"agent_id":"research-assistant","conversation_id":"conv-0001","harness":"deepagents","sandbox_profile":"python-worker"}' \
+  "http://$op_ip:8080/v1/bindings") || fail "bind: $bound"
+[[ $(tail -1 <<<"$bound") == 201 ]] || fail "the chat backend's bind was not created (201): $bound"
+HB=$(head -1 <<<"$bound" | python3 -c 'import json, sys; print(json.load(sys.stdin)["harness_binding"]["name"])') ||
+  fail "the bind's answer names no HarnessBinding: $bound"
+say "chat backend (ServiceAccount $APP/chat-backend, acting for user:alice) bound conv-0001 through the data plane: HarnessBinding $APP/$HB created"
+K -n $APP delete clusterrole,clusterrolebinding $APP-chat-backend-act-for-alice >/dev/null 2>&1 || true
+ready() { [[ $(K -n $APP get harnessbinding "$HB" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+gen() { K -n $APP get harnessbinding "$HB" -o jsonpath='{.status.lease.generation}'; }
 until_ok 120 "binding not Ready" ready
-bid=$(K -n $APP get harnessbinding conversation-1 -o jsonpath='{.metadata.labels.harness-engine\.dev/binding-id}')
-worker_pod() { K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.lease.workerPodName}'; }
+bid=$(K -n $APP get harnessbinding "$HB" -o jsonpath='{.metadata.labels.harness-engine\.dev/binding-id}')
+worker_pod() { K -n $APP get harnessbinding "$HB" -o jsonpath='{.status.lease.workerPodName}'; }
 pod=$(worker_pod)
 [[ -n $pod ]] || pod=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].metadata.name}')
 say "binding $bid Ready at generation $(gen), worker pod $pod"
@@ -217,7 +249,6 @@ say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
 # Late writes at the old generation: with the deleted pod's own token (refused by
 # authentication once its pod object is gone, by the fence while it terminates or while
 # its TokenReview is cached) and with the live pod's token (refused by the fence).
-op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
 late() { # token -> "<http status> <body>"
   node_curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
     -H "Authorization: Bearer $1" -H 'Content-Type: application/octet-stream' \
@@ -264,7 +295,7 @@ echo "$out" | grep -q "\"reply\": \"turn $((3 + n)): upgraded\"" || fail "turn a
 say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head; $n turns taken during the rolling restart, none lost or repeated; then: $out"
 
 # 7. Bindings deleted (their finalizer releases claims), then helm uninstall.
-K -n $APP delete harnessbinding conversation-1 --timeout=120s >/dev/null || fail "binding not deleted"
+K -n $APP delete harnessbinding "$HB" --timeout=120s >/dev/null || fail "binding not deleted"
 K -n $APP delete sandboxwarmpool python-worker --timeout=60s >/dev/null
 "$HELM" uninstall harness-engine -n $NS --wait --timeout 120s >/dev/null || fail "helm uninstall"
 gone() { [[ -z $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null) ]] && [[ -z $(K -n $NS get pods -o name 2>/dev/null) ]]; }

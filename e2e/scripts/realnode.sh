@@ -208,7 +208,7 @@ EOC
   waitfor containerd ctr_ version; mark containerd
   local i; for i in "$IMAGES"/*.tar; do ctr_ images import "$i" >/dev/null; done
   tag_by_digest # e2e/scripts/node-lib.sh
-  mark "import images""
+  mark "import images"
 }
 
 kubelet_up() {

@@ -77,30 +77,49 @@ async fn check(
             format!("SandboxTemplate {ns}/{template_name} of warm pool {pool_name} does not exist"),
         )));
     };
+    if let Err(refusal) = check_template(spec, &template, template_name) {
+        return Ok(Err(refusal));
+    }
+    Ok(Ok((
+        format!(
+            "warm pool {pool_name} (template {template_name}) matches the profile's images and protocol versions"
+        ),
+        pool_uid,
+    )))
+}
+
+/// What a profile requires of the template its warm pool stamps pods from: every
+/// container pinned by a digest the profile allows, and a declared worker protocol
+/// version it accepts. A refusal is (reason, message).
+fn check_template(
+    spec: &crate::api::SandboxProfileSpec,
+    template: &SandboxTemplate,
+    template_name: &str,
+) -> Result<(), (&'static str, String)> {
     let pod = &template.spec.pod_template;
     for c in &pod.spec.containers {
         let image = c.image.clone().unwrap_or_default();
         let Some(digest) = sandbox::image_digest(&image) else {
-            return Ok(Err((
+            return Err((
                 "ImageNotPinned",
                 format!(
                     "container {} of SandboxTemplate {template_name} uses {image:?}: images must be pinned by sha256 digest",
                     c.name
                 ),
-            )));
+            ));
         };
         if !spec
             .allowed_worker_image_digests
             .iter()
             .any(|d| d == digest)
         {
-            return Ok(Err((
+            return Err((
                 "ImageNotAllowed",
                 format!(
                     "container {} of SandboxTemplate {template_name} runs {digest}, which is not in allowedWorkerImageDigests",
                     c.name
                 ),
-            )));
+            ));
         }
     }
     let declared = pod
@@ -109,32 +128,24 @@ async fn check(
         .and_then(|m| m.annotations.as_ref())
         .and_then(|a| a.get(sandbox::PROTOCOL_VERSION_ANNOTATION));
     let Some(declared) = declared else {
-        return Ok(Err((
+        return Err((
             "ProtocolVersionMissing",
             format!(
                 "SandboxTemplate {template_name} does not declare annotation {} on its pod template",
                 sandbox::PROTOCOL_VERSION_ANNOTATION
             ),
-        )));
+        ));
     };
     match declared.trim().parse::<i32>() {
-        Ok(v) if spec.worker_protocol_versions.contains(&v) => {}
-        _ => {
-            return Ok(Err((
-                "ProtocolVersionNotAllowed",
-                format!(
-                    "SandboxTemplate {template_name} declares protocol version {declared:?}; the profile allows {:?}",
-                    spec.worker_protocol_versions
-                ),
-            )));
-        }
+        Ok(v) if spec.worker_protocol_versions.contains(&v) => Ok(()),
+        _ => Err((
+            "ProtocolVersionNotAllowed",
+            format!(
+                "SandboxTemplate {template_name} declares protocol version {declared:?}; the profile allows {:?}",
+                spec.worker_protocol_versions
+            ),
+        )),
     }
-    Ok(Ok((
-        format!(
-            "warm pool {pool_name} (template {template_name}) matches the profile's images and protocol versions"
-        ),
-        pool_uid,
-    )))
 }
 
 async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error> {
@@ -223,4 +234,67 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const DIGEST: &str = "sha256:d82f458899c9696cb26a7c02d5568f81c8c8223f8661bb2a7988b269c8b9051e";
+
+    fn spec() -> crate::api::SandboxProfileSpec {
+        serde_json::from_value(json!({
+            "warmPoolRef": {"name": "pool"},
+            "allowedHarnessIds": ["deepagents"],
+            "allowedWorkerImageDigests": [DIGEST],
+            "adapterVersion": "1.0.0",
+            "workerProtocolVersions": [1],
+            "egressPolicyClass": "data-plane-only",
+            "timeouts": {"claimReadinessDeadline": "2m", "turnTimeout": "15m",
+                         "idleTTL": "30m", "maxLifetime": "12h"}
+        }))
+        .expect("spec")
+    }
+
+    fn template(image: &str, protocol: Option<&str>) -> SandboxTemplate {
+        let annotations = protocol.map_or(
+            json!({}),
+            |v| json!({ sandbox::PROTOCOL_VERSION_ANNOTATION: v }),
+        );
+        serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+            "metadata": {"name": "t"},
+            "spec": {"podTemplate": {
+                "metadata": {"annotations": annotations},
+                "spec": {"containers": [{"name": "worker", "image": image}]}
+            }}
+        }))
+        .expect("template")
+    }
+
+    #[test]
+    fn a_template_is_accepted_only_pinned_allowed_and_on_a_known_protocol() {
+        let pinned = format!("busybox@{DIGEST}");
+        let other = format!("busybox@sha256:{}", "0".repeat(64));
+        let cases: [(&str, Option<&str>, Option<&str>); 6] = [
+            (&pinned, Some("1"), None),
+            (&pinned, Some(" 1 "), None),
+            ("busybox:latest", Some("1"), Some("ImageNotPinned")),
+            (&other, Some("1"), Some("ImageNotAllowed")),
+            (&pinned, None, Some("ProtocolVersionMissing")),
+            (&pinned, Some("2"), Some("ProtocolVersionNotAllowed")),
+        ];
+        for (image, protocol, want) in cases {
+            let got = check_template(&spec(), &template(image, protocol), "t");
+            assert_eq!(
+                got.as_ref().err().map(|(reason, _)| *reason),
+                want,
+                "{image} {protocol:?}: {got:?}"
+            );
+            if let Err((_, message)) = got {
+                assert!(message.contains("SandboxTemplate t"), "{message}");
+            }
+        }
+    }
 }
