@@ -57,6 +57,7 @@ pub mod leader;
 pub mod logging;
 pub mod memory_policy;
 pub mod profile;
+pub mod webhook_certs;
 
 /// The label Agent Sandbox sets on every pod it creates for a Sandbox (its value a hash
 /// of the Sandbox name); the pod watch selects on its presence.
