@@ -263,6 +263,27 @@ struct OperatorArgs {
         default_value = "/etc/harness-engine/webhook-tls"
     )]
     webhook_cert_dir: PathBuf,
+    /// Manage the webhook's certificates in this Secret (namespace `POD_NAMESPACE`, else
+    /// the leader election namespace): the leader issues and rotates a CA and serving
+    /// certificate and keeps the `caBundle` of `--webhook-configuration` current; every
+    /// replica writes the serving pair into `--webhook-cert-dir` (which must be writable).
+    /// Unset: the certificate files are provided (cert-manager, Helm, a mounted Secret).
+    #[arg(long, value_name = "NAME", requires = "webhook_configuration")]
+    webhook_certs_secret: Option<String>,
+    /// The ValidatingWebhookConfiguration whose webhooks trust the managed CA.
+    #[arg(long, value_name = "NAME")]
+    webhook_configuration: Option<String>,
+    /// Names the managed serving certificate is valid for (comma-separated DNS names or
+    /// IP addresses; the webhook Service's names).
+    #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
+    webhook_cert_hosts: Vec<String>,
+    /// Lifetime of a managed serving certificate, in seconds (re-issued with a third
+    /// left). Default 90 days.
+    #[arg(long, default_value_t = 90 * 86_400)]
+    webhook_cert_lifetime_seconds: u64,
+    /// Lifetime of a managed CA, in seconds (rotated with a third left). Default 10 years.
+    #[arg(long, default_value_t = 3650 * 86_400)]
+    webhook_ca_lifetime_seconds: u64,
     /// Users allowed to change `HarnessBinding.status.lease` (repeatable). Default: this
     /// operator's ServiceAccount, `system:serviceaccount:<POD_NAMESPACE>:harness-engine`.
     #[arg(long = "operator-identity", value_name = "USER")]
@@ -529,6 +550,50 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             state.memory_policies().clone(),
         ));
         let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
+        let managed_certs = match &args.webhook_certs_secret {
+            Some(secret) => Some(Arc::new(operator::webhook_certs::CertConfig {
+                namespace: std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .or_else(|| args.leader_election_namespace.clone())
+                    .or_else(|| args.namespace.clone())
+                    .unwrap_or_else(|| "harness-engine-system".into()),
+                secret: secret.clone(),
+                webhook_configuration: args.webhook_configuration.clone().unwrap_or_default(),
+                hosts: if args.webhook_cert_hosts.is_empty() {
+                    webhook::certs::default_hosts()
+                } else {
+                    args.webhook_cert_hosts.clone()
+                },
+                cert_lifetime: Duration::from_secs(args.webhook_cert_lifetime_seconds.max(3)),
+                ca_lifetime: Duration::from_secs(args.webhook_ca_lifetime_seconds.max(3)),
+                cert_dir: args.webhook_cert_dir.clone(),
+            })),
+            None => None,
+        };
+        // The leader's own work besides the controllers: the managed certificates.
+        let leader_extras = {
+            let (client, metrics, certs) = (client.clone(), metrics.clone(), managed_certs.clone());
+            let stopped = stopped.clone();
+            move || {
+                let (client, metrics, certs, stopped) = (
+                    client.clone(),
+                    metrics.clone(),
+                    certs.clone(),
+                    stopped.clone(),
+                );
+                async move {
+                    if let Some(certs) = certs {
+                        operator::webhook_certs::run(
+                            client,
+                            certs,
+                            metrics.webhook_certs.clone(),
+                            stopped(),
+                        )
+                        .await;
+                    }
+                }
+            }
+        };
         let webhook_task = match args.webhook_listen {
             Some(addr) => {
                 let identities = if args.operator_identities.is_empty() {
@@ -556,17 +621,46 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                 println!("webhook: https://{}", listener.local_addr()?);
                 let cert = args.webhook_cert_dir.join("tls.crt");
                 let key = args.webhook_cert_dir.join("tls.key");
-                let acceptor = Arc::new(
-                    webhook::tls::ReloadingAcceptor::new(cert.clone(), key).with_context(|| {
-                        format!("loading the webhook certificate {}", cert.display())
-                    })?,
-                );
-                Some(tokio::spawn(webhook::tls::serve_with(
-                    listener,
-                    acceptor,
-                    webhook::router(hook),
-                    stopped(),
-                )))
+                if let Some(certs) = &managed_certs {
+                    tokio::spawn(operator::webhook_certs::sync_files(
+                        client.clone(),
+                        certs.clone(),
+                        Duration::from_secs(5),
+                        stopped(),
+                    ));
+                } else {
+                    // Provided files must be there and usable now: fail the start early.
+                    webhook::tls::ReloadingAcceptor::new(cert.clone(), key.clone()).with_context(
+                        || format!("loading the webhook certificate {}", cert.display()),
+                    )?;
+                }
+                let managed = managed_certs.is_some();
+                let stopped = stopped.clone();
+                Some(tokio::spawn(async move {
+                    if managed {
+                        // The first pair comes from the Secret the leader creates.
+                        wait_for_files(&[&cert, &key], stopped()).await;
+                        if !cert.exists() {
+                            return; // stopped before the first pair arrived
+                        }
+                    }
+                    match webhook::tls::ReloadingAcceptor::new(cert.clone(), key) {
+                        Ok(acceptor) => {
+                            webhook::tls::serve_with(
+                                listener,
+                                Arc::new(acceptor),
+                                webhook::router(hook),
+                                stopped(),
+                            )
+                            .await
+                        }
+                        Err(error) => tracing::error!(
+                            file = %cert.display(),
+                            %error,
+                            "webhook: cannot load the certificate; the webhook is not served"
+                        ),
+                    }
+                }))
             }
             None => None,
         };
@@ -613,12 +707,19 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             );
             metrics.leader.set(1);
             tokio::select! {
-                () = operator::run_controllers(ctx, &config, stopped()) => false,
+                _ = futures::future::join(
+                    operator::run_controllers(ctx, &config, stopped()),
+                    leader_extras(),
+                ) => false,
                 () = elector.hold() => true,
             }
         } else {
             metrics.leader.set(1);
-            operator::run_controllers(ctx, &config, stopped()).await;
+            futures::future::join(
+                operator::run_controllers(ctx, &config, stopped()),
+                leader_extras(),
+            )
+            .await;
             false
         };
         metrics.leader.set(0);
@@ -706,5 +807,25 @@ mod tests {
         assert!(format!("{short:#}").contains("at least"), "{short:#}");
         let bad = subject_ref(&args("", None, "e2e")).expect_err("empty subject");
         assert!(bad.to_string().contains("subject"), "{bad}");
+    }
+}
+
+/// Waits until every file exists (the managed webhook certificate's first pair), or
+/// `stop` resolves.
+async fn wait_for_files(files: &[&std::path::Path], stop: impl std::future::Future<Output = ()>) {
+    let mut stop = std::pin::pin!(stop);
+    let mut said = false;
+    while !files.iter().all(|f| f.exists()) {
+        if !said {
+            tracing::info!(
+                file = %files.first().map(|f| f.display().to_string()).unwrap_or_default(),
+                "webhook: waiting for the managed certificate"
+            );
+            said = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            () = &mut stop => return,
+        }
     }
 }

@@ -117,6 +117,8 @@ pub struct OperatorMetrics {
     pub events_dropped: Counter,
     /// Binding reconciles that ended waiting for Agent Sandbox, by what they waited for.
     pub binding_waits: Family<WaitLabels, Counter>,
+    /// Webhook certificates the operator manages: seconds until they expire.
+    pub webhook_certs: webhook_certs::CertMetrics,
 }
 
 impl Default for OperatorMetrics {
@@ -134,6 +136,7 @@ impl Default for OperatorMetrics {
             api_requests: Counter::default(),
             events_dropped: Counter::default(),
             binding_waits: Family::default(),
+            webhook_certs: webhook_certs::CertMetrics::default(),
         }
     }
 }
@@ -191,6 +194,16 @@ impl OperatorMetrics {
             "leader",
             "1 while this replica holds the leader lease",
             self.leader.clone(),
+        );
+        r.register(
+            "webhook_serving_cert_expiry_seconds",
+            "Seconds until the webhook serving certificate the operator manages expires",
+            self.webhook_certs.serving_expiry.clone(),
+        );
+        r.register(
+            "webhook_ca_expiry_seconds",
+            "Seconds until the CA signing the webhook certificate the operator manages expires",
+            self.webhook_certs.ca_expiry.clone(),
         );
     }
 
