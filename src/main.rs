@@ -768,6 +768,26 @@ async fn shutdown_signal() {
     }
 }
 
+/// Waits until every file exists (the managed webhook certificate's first pair), or
+/// `stop` resolves.
+async fn wait_for_files(files: &[&std::path::Path], stop: impl std::future::Future<Output = ()>) {
+    let mut stop = std::pin::pin!(stop);
+    let mut said = false;
+    while !files.iter().all(|f| f.exists()) {
+        if !said {
+            tracing::info!(
+                file = %files.first().map(|f| f.display().to_string()).unwrap_or_default(),
+                "webhook: waiting for the managed certificate"
+            );
+            said = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            () = &mut stop => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -807,25 +827,5 @@ mod tests {
         assert!(format!("{short:#}").contains("at least"), "{short:#}");
         let bad = subject_ref(&args("", None, "e2e")).expect_err("empty subject");
         assert!(bad.to_string().contains("subject"), "{bad}");
-    }
-}
-
-/// Waits until every file exists (the managed webhook certificate's first pair), or
-/// `stop` resolves.
-async fn wait_for_files(files: &[&std::path::Path], stop: impl std::future::Future<Output = ()>) {
-    let mut stop = std::pin::pin!(stop);
-    let mut said = false;
-    while !files.iter().all(|f| f.exists()) {
-        if !said {
-            tracing::info!(
-                file = %files.first().map(|f| f.display().to_string()).unwrap_or_default(),
-                "webhook: waiting for the managed certificate"
-            );
-            said = true;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(250)) => {}
-            () = &mut stop => return,
-        }
     }
 }
