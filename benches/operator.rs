@@ -169,7 +169,10 @@ async fn real_node_image() -> Option<String> {
     }
     let client = common::client().await;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
-    let list = nodes.list(&ListParams::default()).await.expect("list nodes");
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes");
     let image = list
         .items
         .iter()
@@ -312,7 +315,11 @@ async fn bare_claims(
                     .as_ref()
                     .is_some_and(|s| harness_engine::api::sandbox::is_ready(&s.conditions))
                 {
-                    ready.lock().unwrap().entry(c.name_any()).or_insert_with(Instant::now);
+                    ready
+                        .lock()
+                        .unwrap()
+                        .entry(c.name_any())
+                        .or_insert_with(Instant::now);
                 }
             }
         })
@@ -353,7 +360,11 @@ async fn bare_claims(
     println!();
     println!(
         "baseline: {n} bare SandboxClaims created at once (32 in flight) on an identical warm pool, no operator{}",
-        if real.is_some() { ", real node" } else { ", kwok" }
+        if real.is_some() {
+            ", real node"
+        } else {
+            ", kwok"
+        }
     );
     println!("{:<44} {:>12.2}", "bare claims all Ready (s)", all_ready);
     out.insert("bare_claims_all_ready_seconds".into(), all_ready.into());
