@@ -2,6 +2,8 @@
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
+# A hung test fails `make test` after this long (seconds) instead of eating CI's limit.
+TEST_TIMEOUT ?= 2400
 E2E := e2e/scripts
 
 .PHONY: kind-e2e all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
@@ -16,7 +18,7 @@ build:
 ## suites, and the production path on one real node (REAL_NODE=0 skips that tier).
 test: lint e2e-build
 	$(CARGO) build --locked --all-targets
-	$(E2E)/with-control-plane.sh $(CARGO) test --locked --all-targets
+	$(E2E)/with-control-plane.sh timeout --kill-after=30 $(TEST_TIMEOUT) $(CARGO) test --locked --all-targets
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
 	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/real-node-tier.sh

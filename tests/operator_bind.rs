@@ -87,7 +87,6 @@ async fn bind(op: &Operator, token: &str, subject: &str, body: Value) -> (u16, V
 /// and a kubeconfig holding its token. The cluster-scoped role and binding are deleted on
 /// drop.
 struct OperatorIdentity {
-    client: Client,
     name: String,
     kubeconfig: std::path::PathBuf,
 }
@@ -144,7 +143,6 @@ impl OperatorIdentity {
         let path = dir.join("operator.kubeconfig");
         std::fs::write(&path, kubeconfig.to_string()).expect("operator kubeconfig");
         OperatorIdentity {
-            client: client.clone(),
             name,
             kubeconfig: path,
         }
@@ -153,20 +151,15 @@ impl OperatorIdentity {
 
 impl Drop for OperatorIdentity {
     fn drop(&mut self) {
-        let (client, name) = (self.client.clone(), self.name.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                    let _ = Api::<ClusterRole>::all(client)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-            })
-            .join();
-        }
+        let name = self.name.clone();
+        common::cleanup_blocking("operator identity", move |client| async move {
+            let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                .delete(&name, &DeleteParams::default())
+                .await;
+            let _ = Api::<ClusterRole>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }
 

@@ -36,20 +36,16 @@ fn free_port() -> u16 {
 /// Deletes the configuration when the test ends, pass or fail.
 struct Registration {
     name: String,
-    api: Api<ValidatingWebhookConfiguration>,
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let (api, name) = (self.api.clone(), self.name.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                })
-            })
-            .join();
-        }
+        let name = self.name.clone();
+        common::cleanup_blocking("webhook configuration", move |client| async move {
+            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }
 
@@ -106,10 +102,7 @@ async fn the_operator_issues_and_rotates_its_webhook_certificates_without_a_fail
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let _registration = Registration {
-        name: name.clone(),
-        api: vwcs.clone(),
-    };
+    let _registration = Registration { name: name.clone() };
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cert_dir = dir.path().join("webhook-tls");
     let mut op = Operator::start(OperatorOptions {

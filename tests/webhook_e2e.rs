@@ -152,21 +152,16 @@ fn dry_run() -> PostParams {
 /// Deletes the ValidatingWebhookConfiguration when the test ends, pass or fail.
 struct WebhookRegistration {
     name: String,
-    client: Client,
 }
 
 impl Drop for WebhookRegistration {
     fn drop(&mut self) {
-        let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
         let name = self.name.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                })
-            })
-            .join();
-        }
+        common::cleanup_blocking("webhook configuration", move |client| async move {
+            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }
 
@@ -372,7 +367,6 @@ async fn every_rule_refuses_its_bad_case_through_the_api_server() {
     .unwrap_or_else(|e| panic!("registering the webhook: {e}"));
     let _registration = WebhookRegistration {
         name: vwc_name.clone(),
-        client: client.clone(),
     };
 
     let profiles: Api<SandboxProfile> = Api::namespaced(client.clone(), &namespace);

@@ -129,7 +129,6 @@ pub async fn install_our_crds(client: &Client) {
 /// A namespace that is deleted when the test ends (pass or fail).
 pub struct TestNamespace {
     pub name: String,
-    client: Client,
 }
 
 impl TestNamespace {
@@ -141,27 +140,54 @@ impl TestNamespace {
         api.create(&PostParams::default(), &ns)
             .await
             .expect("create namespace");
-        TestNamespace {
-            name,
-            client: client.clone(),
-        }
+        TestNamespace { name }
     }
 }
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        let api: Api<Namespace> = Api::all(self.client.clone());
         let name = self.name.clone();
-        // Drop cannot be async; the test runtime is still alive, so delete on a helper thread.
-        let handle = tokio::runtime::Handle::try_current();
-        if let Ok(handle) = handle {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = api.delete(&name, &DeleteParams::background()).await;
-                })
-            })
-            .join();
-        }
+        cleanup_blocking("test namespace", move |client| async move {
+            let _ = Api::<Namespace>::all(client)
+                .delete(&name, &DeleteParams::background())
+                .await;
+        });
+    }
+}
+
+/// Runs `cleanup` from a `Drop` (which cannot be async) and waits for it, at most 30 s.
+///
+/// It gets a client and a runtime of its own on a helper thread. Driving the test's
+/// runtime from inside that runtime's own drop deadlocks: its client's connection tasks
+/// only run when the blocked thread polls them, so a delete through the test's client
+/// never completes (a test hung this way until CI's time limit).
+pub fn cleanup_blocking<F, Fut>(what: &str, cleanup: F)
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let what = what.to_owned();
+    let joined = std::thread::spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => return eprintln!("cleanup of {what}: no runtime: {e}"),
+        };
+        runtime.block_on(async move {
+            let work = async move { cleanup(client().await).await };
+            if tokio::time::timeout(Duration::from_secs(30), work)
+                .await
+                .is_err()
+            {
+                eprintln!("cleanup of {what} did not finish within 30 s; left behind");
+            }
+        });
+    })
+    .join();
+    if joined.is_err() {
+        eprintln!("cleanup thread panicked");
     }
 }
 
