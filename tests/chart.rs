@@ -96,6 +96,7 @@ fn lint_is_clean_with_defaults_and_with_every_option() {
         None,
         Some(ALL_ON),
         Some("webhook.certificates.mode=certManager"),
+        Some("webhook.certificates.mode=operator"),
     ] {
         let mut args = vec!["lint", "--strict", CHART];
         if let Some(s) = set {
@@ -221,6 +222,101 @@ fn chart_and_config_cannot_drift() {
     assert_eq!(ctx["allowPrivilegeEscalation"], false);
 }
 
+/// `webhook.certificates.mode=operator`: no certificate is generated at render time (the
+/// same manifests every time, as GitOps wants); the operator gets the flags that make it
+/// manage the certificates, a writable directory for its serving pair, and permission
+/// for exactly its own Secret and webhook configuration.
+#[test]
+fn operator_managed_certificates_render_no_secret_and_only_their_own_permissions() {
+    let set = ["--set", "webhook.certificates.mode=operator"];
+    // Apart from the identity key (random on first install, then kept from the cluster).
+    let stable = |docs: Vec<Value>| -> Vec<Value> {
+        docs.into_iter()
+            .filter(|d| d["metadata"]["name"] != "harness-engine-identity")
+            .collect()
+    };
+    let docs = stable(render(&set));
+    assert_eq!(stable(render(&set)), docs, "two renders differ");
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "Secret" && d["type"] == "kubernetes.io/tls"),
+        "the chart must not own the managed Secret"
+    );
+    let vwc = find(
+        &docs,
+        "ValidatingWebhookConfiguration",
+        "harness-engine-validating-webhook",
+    );
+    let hooks = vwc["webhooks"].as_array().expect("webhooks");
+    assert_eq!(hooks.len(), 4);
+    assert!(
+        hooks
+            .iter()
+            .all(|h| h["clientConfig"]["caBundle"].is_null()),
+        "the caBundle is the operator's to write: {vwc:#}"
+    );
+    assert!(vwc["metadata"]["annotations"].is_null(), "{vwc:#}");
+    let deployment = find(&docs, "Deployment", "harness-engine");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let args: Vec<&str> = pod["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in [
+        "--webhook-certs-secret=harness-engine-webhook-managed",
+        "--webhook-configuration=harness-engine-validating-webhook",
+        "--webhook-cert-hosts=harness-engine-webhook.harness-engine-system.svc,\
+harness-engine-webhook.harness-engine-system.svc.cluster.local",
+        "--webhook-cert-lifetime-seconds=7776000",
+        "--webhook-ca-lifetime-seconds=315360000",
+        "--webhook-cert-dir=/etc/harness-engine/webhook-tls",
+    ] {
+        assert!(args.contains(&want), "{want} missing from {args:#?}");
+    }
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "webhook-tls")
+        .expect("webhook-tls volume");
+    assert!(
+        volume["secret"].is_null() && volume["emptyDir"].is_object(),
+        "{volume}"
+    );
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"] == "webhook-tls")
+        .expect("webhook-tls mount");
+    assert_eq!(mount["readOnly"], false, "{mount}");
+    let role = find(&docs, "Role", "harness-engine-webhook-certificates");
+    assert_eq!(
+        role["rules"][1]["resourceNames"],
+        serde_json::json!(["harness-engine-webhook-managed"])
+    );
+    assert_eq!(role["rules"][0]["verbs"], serde_json::json!(["create"]));
+    let cluster_role = find(&docs, "ClusterRole", "harness-engine-webhook-ca-bundle");
+    assert_eq!(
+        cluster_role["rules"][0]["resourceNames"],
+        serde_json::json!(["harness-engine-validating-webhook"])
+    );
+    assert_eq!(
+        cluster_role["rules"][0]["verbs"],
+        serde_json::json!(["get", "patch"])
+    );
+    // The default mode grants none of it.
+    let defaults = render(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|d| d["metadata"]["name"] == "harness-engine-webhook-certificates")
+    );
+}
+
 #[test]
 fn alerts_and_dashboard_use_series_the_operator_exports() {
     // A labelled family renders only once it has a child: record one of each.
@@ -337,7 +433,14 @@ fn rendered_chart_passes_server_side_dry_run() {
     ]);
     assert!(ok, "{err}");
     let dir = tempfile::tempdir().expect("tempdir");
-    for (label, set) in [("defaults", None), ("all-on", Some(ALL_ON))] {
+    for (label, set) in [
+        ("defaults", None),
+        ("all-on", Some(ALL_ON)),
+        (
+            "operator-certificates",
+            Some("webhook.certificates.mode=operator"),
+        ),
+    ] {
         let mut args = vec![
             "template",
             "harness-engine",

@@ -70,15 +70,23 @@ EOF2
 say "helm install"
 "$HELM" install harness-engine "$repo/charts/harness-engine" -n $NS --create-namespace \
   --set image.repository=localhost/harness-engine/operator --set image.tag=dev --set image.pullPolicy=Never \
-  --set store.persistence.size=1Gi --wait --timeout 180s >/dev/null || fail "helm install"
+  --set store.persistence.size=1Gi --set webhook.certificates.mode=operator \
+  --wait --timeout 180s >/dev/null || fail "helm install"
 sa=$(K -n $NS get deploy harness-engine -o jsonpath='{.spec.template.spec.serviceAccountName}')
 [[ $sa == harness-engine ]] || fail "operator runs as $sa"
 say "operator Ready as ServiceAccount $NS/$sa ($(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.containerStatuses[0].imageID}'))"
-# The chart's ClusterRole is the only grant: no cluster-admin binding names the SA.
-if K get clusterrolebindings -o json | grep -q "\"name\": \"$sa\"" && \
-   [[ $(K get clusterrolebindings -o jsonpath="{range .items[?(@.subjects[0].name==\"$sa\")]}{.roleRef.name}{\"\\n\"}{end}") != harness-engine-operator ]]; then
-  fail "the operator's ServiceAccount is bound to more than the chart's ClusterRole"
-fi
+# The chart's ClusterRoles are the only grants: no cluster-admin binding names the SA.
+roles=$(K get clusterrolebindings -o jsonpath="{range .items[?(@.subjects[0].name==\"$sa\")]}{.roleRef.name}{\"\\n\"}{end}" | sort | tr '\n' ' ')
+[[ $roles == "harness-engine-operator harness-engine-webhook-ca-bundle " ]] ||
+  fail "the operator's ServiceAccount is bound to: $roles (want the chart's two ClusterRoles)"
+# webhook.certificates.mode=operator: the leader made the CA and serving certificate
+# and wrote the CA into every webhook of the configuration.
+until_ok 60 "no managed webhook certificate Secret" K -n $NS get secret harness-engine-webhook-managed
+ca=$(K -n $NS get secret harness-engine-webhook-managed -o jsonpath='{.data.ca\.crt}' | base64 -d)
+bundles=$(K get validatingwebhookconfiguration harness-engine-validating-webhook -o jsonpath='{range .webhooks[*]}{.clientConfig.caBundle}{"\n"}{end}')
+[[ $(echo "$bundles" | grep -c .) == 4 ]] || fail "caBundle missing on some webhook: $bundles"
+while read -r b; do [[ $(echo "$b" | base64 -d) == "$ca" ]] || fail "a caBundle differs from the managed CA"; done <<<"$bundles"
+say "webhook certificates made by the operator (Secret harness-engine-webhook-managed, caBundle on 4 webhooks)"
 
 # 2. The data plane Service (no cluster DNS on this node: workers get the ClusterIP).
 # The worker image is pinned by its manifest digest, as a SandboxProfile requires

@@ -23,7 +23,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- define "he.serviceAccount" -}}{{ include "he.fullname" . }}{{- end -}}
 {{- define "he.webhookService" -}}{{ include "he.fullname" . }}-webhook{{- end -}}
-{{- define "he.webhookSecret" -}}{{ include "he.fullname" . }}-webhook-tls{{- end -}}
+{{- define "he.webhookSecret" -}}
+{{- if eq .Values.webhook.certificates.mode "operator" -}}{{ include "he.fullname" . }}-webhook-managed{{- else -}}{{ include "he.fullname" . }}-webhook-tls{{- end -}}
+{{- end -}}
+{{- define "he.webhookConfiguration" -}}{{ include "he.fullname" . }}-validating-webhook{{- end -}}
+{{- define "he.webhookHosts" -}}
+{{- $svc := include "he.webhookService" . -}}
+{{ printf "%s.%s.svc" $svc .Release.Namespace }},{{ printf "%s.%s.svc.cluster.local" $svc .Release.Namespace }}
+{{- end -}}
 {{- define "he.identitySecret" -}}
 {{- if .Values.identityKey.existingSecret -}}{{ .Values.identityKey.existingSecret }}{{- else -}}{{ include "he.fullname" . }}-identity{{- end -}}
 {{- end -}}
