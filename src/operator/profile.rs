@@ -103,6 +103,17 @@ async fn check(
             )));
         }
     }
+    if let Some(want) = &spec.runtime_class_name
+        && pod.spec.runtime_class_name.as_deref() != Some(want.as_str())
+    {
+        return Ok(Err((
+            "RuntimeClassMismatch",
+            format!(
+                "SandboxTemplate {template_name} runs with runtimeClassName {:?}; the profile requires {want:?}",
+                pod.spec.runtime_class_name.as_deref().unwrap_or("")
+            ),
+        )));
+    }
     let declared = pod
         .metadata
         .as_ref()

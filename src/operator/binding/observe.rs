@@ -104,6 +104,8 @@ pub struct Snapshot {
     /// The worker pod read live ([`Need::LivePod`]).
     pub live_pod: Option<Option<Pod>>,
     pub store: StoreSeen,
+    /// Live claims other bindings hold with this profile ([`Need::ProfileClaims`]).
+    pub profile_claims: Option<usize>,
     /// How often a Ready binding's state projection is refreshed.
     pub projection_interval: Duration,
     pub carry: Carry,
@@ -180,6 +182,7 @@ pub async fn snapshot(
             head: HeadRead::NotRead,
             last_activity: None,
         },
+        profile_claims: None,
         projection_interval: ctx.projection_interval(),
         carry,
     })
@@ -283,8 +286,52 @@ pub async fn more(
                     .map(Time),
             );
         }
+        Need::ProfileClaims => {
+            snap.profile_claims = Some(profile_claims(binding, ctx).await?);
+        }
     }
     Ok(())
+}
+
+/// Live claims of the binding's profile held by other bindings: from the claim cache, or
+/// listed by label without one.
+async fn profile_claims(binding: &HarnessBinding, ctx: &Context) -> Result<usize, Error> {
+    let ns = binding.namespace().unwrap_or_default();
+    let profile = super::truncate_label(&binding.spec.sandbox_profile_ref.name);
+    let uid = binding.uid().unwrap_or_default();
+    if let Some(caches) = ctx.caches() {
+        let claims = caches.claims.state();
+        return Ok(count_profile_claims(
+            claims.iter().map(AsRef::as_ref),
+            &ns,
+            &profile,
+            &uid,
+        ));
+    }
+    let selector = format!("{}={profile}", super::PROFILE_LABEL);
+    let list = Api::<SandboxClaim>::namespaced(ctx.client.clone(), &ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?;
+    Ok(count_profile_claims(list.items.iter(), &ns, &profile, &uid))
+}
+
+/// Claims in `ns` labelled with `profile`, not being deleted, of another binding than
+/// `uid`.
+pub fn count_profile_claims<'a>(
+    claims: impl Iterator<Item = &'a SandboxClaim>,
+    ns: &str,
+    profile: &str,
+    uid: &str,
+) -> usize {
+    claims
+        .filter(|c| c.namespace().as_deref() == Some(ns))
+        .filter(|c| c.meta().deletion_timestamp.is_none())
+        .filter(|c| {
+            let labels = c.labels();
+            labels.get(super::PROFILE_LABEL).map(String::as_str) == Some(profile)
+                && labels.get(super::BINDING_UID_LABEL).map(String::as_str) != Some(uid)
+        })
+        .count()
 }
 
 /// The lease's claim, then its Sandbox (if the claim exists), then its pod (if the
