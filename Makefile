@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 CARGO ?= cargo
 E2E := e2e/scripts
 
-.PHONY: all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
+.PHONY: kind-e2e all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -78,11 +78,19 @@ bench-ledger:
 bench-api:
 	$(CARGO) bench --locked --bench api
 
-## bench-operator: 500 bindings created at once on the local control plane: time to all
-## Ready, our overhead p50/p99, API requests per binding, operator RSS
-## (prints a table, writes target/bench/operator.json).
+## bench-operator: BINDINGS (default 500) bindings created at once on the local control
+## plane, and as many bare SandboxClaims on an identical warm pool in the same run: time
+## to all Ready and its ratio to the bare claims, our overhead p50/p99, API requests per
+## binding, operator RSS, recovery over 20 operator restarts (prints a table, writes
+## target/bench/operator.json). REAL_NODE=1: on one real node instead of kwok (default
+## 100 bindings; scripts/bench-operator-real-node.sh).
 bench-operator: e2e-build
-	$(E2E)/with-control-plane.sh $(CARGO) bench --locked --bench operator
+ifeq ($(REAL_NODE),1)
+	$(CARGO) build --locked --bin harness-engine
+	BINDINGS=$(or $(BINDINGS),100) scripts/bench-operator-real-node.sh
+else
+	$(if $(BINDINGS),HARNESS_BENCH_BINDINGS=$(BINDINGS)) $(E2E)/with-control-plane.sh $(CARGO) bench --locked --bench operator
+endif
 
 ## bench-python: LangGraph checkpointers side by side (ours, SQLite, PostgreSQL):
 ## checkpoints/s and put p99 (prints a table, writes target/bench/python.json).
@@ -125,6 +133,13 @@ ifeq ($(REAL_NODE),1)
 else
 	$(E2E)/up.sh
 endif
+
+## kind-e2e: for users with Docker: a kind cluster, our images loaded onto its node, and
+## the same production-path and install-doc steps as the real-node tier (CI runs that
+## tier; this machine has no Docker engine). KEEP=1 keeps the cluster.
+kind-e2e: e2e-build
+	$(CARGO) build --locked --bin harness-engine
+	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/kind-e2e.sh
 
 e2e-down:
 ifeq ($(REAL_NODE),1)

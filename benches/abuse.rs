@@ -137,10 +137,10 @@ fn main() {
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let now = rss_mib(pid);
-                if let Ok(mut p) = peak.lock() {
-                    if now > *p {
-                        *p = now;
-                    }
+                if let Ok(mut p) = peak.lock()
+                    && now > *p
+                {
+                    *p = now;
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -8,6 +8,12 @@
 //! own request counter, from `/metrics`); operator resident memory with all N bound.
 //! Writes the same figures as flat JSON to `target/bench/operator.json`.
 //!
+//! The baseline runs first, in the same run: as many bare SandboxClaims on an identical
+//! warm pool, no operator, and the time until all of them are Ready; the bindings' time
+//! to all Ready is reported as a ratio to it (target at most 1.10). With
+//! `HARNESS_BENCH_REAL_NODE=1` (`make bench-operator REAL_NODE=1`) both phases run on one
+//! real node with our pause image as the worker, and the restart phase is skipped.
+//!
 //! `cargo bench --bench operator` creates 500 bindings; without `--bench` (as
 //! `cargo test --all-targets` runs it) it creates 5. `HARNESS_BENCH_BINDINGS` sets another
 //! count and `HARNESS_BENCH_CONCURRENCY` the operator's `--concurrency`. Targets: overhead p50 <= 50 ms,
@@ -51,10 +57,40 @@ fn main() {
     runtime.block_on(async {
         let mut out = serde_json::Map::new();
         out.insert("mode".into(), (if full { "full" } else { "smoke" }).into());
-        if !only_restarts {
-            run(n, full, &mut out).await;
+        let real = real_node_image().await;
+        if let Some(image) = &real {
+            out.insert("node".into(), "real".into());
+            out.insert("worker_image".into(), image.clone().into());
         }
-        restarts(full, &mut out).await;
+        if !only_restarts {
+            // Phases alternate (bare claims, bindings, bare claims, ...) so both see the
+            // same machine; the ratio reported is the median of the rounds.
+            let rounds: usize = std::env::var("HARNESS_BENCH_ROUNDS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(if real.is_some() { 3 } else { 1 });
+            let mut ratios = Vec::new();
+            for round in 0..rounds.max(1) {
+                println!("\nround {} of {rounds}", round + 1);
+                let bare = bare_claims(n, full, real.as_deref(), &mut out).await;
+                ratios.push(run(n, full, real.as_deref(), bare, &mut out).await);
+            }
+            ratios.sort_by(f64::total_cmp);
+            let median = percentile(&ratios, 0.5);
+            println!(
+                "\nall-Ready ratio to bare claims over {} round(s): {:?}, median {median:.3} (target <= 1.10: {})",
+                ratios.len(),
+                ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+                verdict(median <= 1.10)
+            );
+            out.insert("ready_ratios".into(), ratios.clone().into());
+            out.insert("ready_ratio_median".into(), median.into());
+        }
+        if real.is_none() {
+            restarts(full, &mut out).await;
+        } else {
+            println!("restart recovery: measured on the kwok tier (`make bench-operator`), not on the real node");
+        }
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
         let _ = std::fs::create_dir_all(&dir);
         let path = dir.join("operator.json");
@@ -123,19 +159,222 @@ async fn restarts(full: bool, out: &mut serde_json::Map<String, serde_json::Valu
     drop(ns);
 }
 
-#[derive(Default)]
-struct Seen {
-    /// binding UID -> when its claim was first seen Ready.
-    claim_ready: HashMap<String, Instant>,
-    /// binding name -> (uid, when first seen Ready).
-    binding_ready: HashMap<String, (String, Instant)>,
+/// With `HARNESS_BENCH_REAL_NODE=1` (set by `make bench-operator REAL_NODE=1`): the
+/// worker image for the real node, our own pause image as the kubelet lists it under its
+/// manifest digest (`realnode.sh` imports every image under name@digest), so the pods
+/// really run and the profile can allow exactly that digest. `None` on kwok.
+async fn real_node_image() -> Option<String> {
+    if std::env::var("HARNESS_BENCH_REAL_NODE").as_deref() != Ok("1") {
+        return None;
+    }
+    let client = common::client().await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+    let list = nodes
+        .list(&ListParams::default())
+        .await
+        .expect("list nodes");
+    let image = list
+        .items
+        .iter()
+        .filter_map(|n| n.status.as_ref()?.images.as_ref())
+        .flatten()
+        .flat_map(|i| i.names.clone().unwrap_or_default())
+        .find(|name| name.starts_with("localhost/harness-engine/pause@sha256:"));
+    Some(image.expect("the real node lists no localhost/harness-engine/pause@sha256: image (realnode.sh up imports it)"))
 }
 
-async fn run(n: usize, full: bool, out: &mut serde_json::Map<String, serde_json::Value>) {
+/// The workload both phases run on: a worker ServiceAccount, a SandboxTemplate and a
+/// SandboxWarmPool (2 warm sandboxes), and with `profile` the SandboxProfile the
+/// bindings name. On kwok these are `config/samples`; on the real node the same objects
+/// with the pause image pinned by digest. Returns once the warm pool's sandboxes are
+/// Ready, so both phases start from a filled pool.
+async fn apply_workload(client: &kube::Client, ns: &str, real: Option<&str>, profile: bool) {
+    match real {
+        None => {
+            let mut files = vec![
+                "worker_service_account.yaml",
+                "sandbox_template.yaml",
+                "sandbox_warm_pool.yaml",
+            ];
+            if profile {
+                files.push("sandbox_profile.yaml");
+            }
+            for file in files {
+                let path = common::repo_path(&format!("config/samples/{file}"));
+                let (ok, out, err) =
+                    common::kubectl(&["apply", "-f", path.to_str().unwrap_or(""), "-n", ns]);
+                assert!(ok, "{file}: {out}{err}");
+            }
+        }
+        Some(image) => {
+            let digest = image.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+            let mut yaml = format!(
+                r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: harness-worker}}
+automountServiceAccountToken: false
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxTemplate
+metadata: {{name: python-worker}}
+spec:
+  podTemplate:
+    metadata:
+      labels: {{app.kubernetes.io/name: harness-worker}}
+      annotations: {{harness-engine.dev/worker-protocol-version: "1"}}
+    spec:
+      serviceAccountName: harness-worker
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: worker
+        image: {image}
+        imagePullPolicy: Never
+        resources: {{requests: {{cpu: 1m, memory: 8Mi}}}}
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxWarmPool
+metadata: {{name: python-worker}}
+spec: {{replicas: 2, sandboxTemplateRef: {{name: python-worker}}}}
+"#
+            );
+            if profile {
+                yaml.push_str(&format!(
+                    r#"---
+apiVersion: harness-engine.dev/v1alpha1
+kind: SandboxProfile
+metadata: {{name: python-worker}}
+spec:
+  warmPoolRef: {{name: python-worker}}
+  allowedHarnessIds: [deepagents]
+  allowedWorkerImageDigests: ["{digest}"]
+  adapterVersion: "1.0.0"
+  workerProtocolVersions: [1]
+  egressPolicyClass: data-plane-only
+  timeouts: {{claimReadinessDeadline: 10m, idleTTL: 6h, maxLifetime: 12h}}
+  hibernation: never
+"#
+                ));
+            }
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("workload.yaml");
+            std::fs::write(&path, yaml).expect("write workload");
+            let (ok, out, err) =
+                common::kubectl(&["apply", "-f", path.to_str().unwrap_or(""), "-n", ns]);
+            assert!(ok, "real-node workload: {out}{err}");
+        }
+    }
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    common::eventually(Duration::from_secs(180), "2 warm sandboxes Ready", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            let ready = list
+                .items
+                .iter()
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+                .count();
+            (ready >= 2).then_some(())
+        }
+    })
+    .await;
+}
+
+/// The baseline, in the same run: `n` bare SandboxClaims on an identical warm pool in
+/// a namespace of their own, created the same way (32 in flight), no operator involved;
+/// the time until all of them are Ready (their own condition, seen by a watch). The
+/// namespace is deleted and gone before the bindings' phase starts.
+async fn bare_claims(
+    n: usize,
+    full: bool,
+    real: Option<&str>,
+    out: &mut serde_json::Map<String, serde_json::Value>,
+) -> f64 {
     let client = common::client().await;
     common::install_our_crds(&client).await;
-    // An earlier run's namespace (a thousand pods and Sandboxes) is still being deleted
-    // for a while after that run ends; measuring on top of that cleanup measures it.
+    wait_for_quiet(&client).await;
+    let ns = common::TestNamespace::new(&client, "bench-op-bare").await;
+    apply_workload(&client, &ns.name, real, false).await;
+    let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), &ns.name);
+    let ready: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watch = {
+        let ready = ready.clone();
+        let stream = watcher(claims.clone(), watcher::Config::default());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c)) = event else {
+                    continue;
+                };
+                if c.status
+                    .as_ref()
+                    .is_some_and(|s| harness_engine::api::sandbox::is_ready(&s.conditions))
+                {
+                    ready
+                        .lock()
+                        .unwrap()
+                        .entry(c.name_any())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+    let started = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let claims = claims.clone();
+            async move {
+                let claim = SandboxClaim::new(
+                    &format!("bare-{i:04}"),
+                    harness_engine::api::sandbox::SandboxClaimSpec {
+                        warm_pool_ref: harness_engine::api::sandbox::NameRef {
+                            name: "python-worker".into(),
+                        },
+                    },
+                );
+                claims
+                    .create(&PostParams::default(), &claim)
+                    .await
+                    .expect("create claim");
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let timeout = Duration::from_secs(if full { 1500 } else { 180 });
+    while ready.lock().unwrap().len() < n {
+        assert!(
+            started.elapsed() < timeout,
+            "only {} of {n} bare claims Ready after {timeout:?}",
+            ready.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all_ready = started.elapsed().as_secs_f64();
+    watch.abort();
+    println!();
+    println!(
+        "baseline: {n} bare SandboxClaims created at once (32 in flight) on an identical warm pool, no operator{}",
+        if real.is_some() {
+            ", real node"
+        } else {
+            ", kwok"
+        }
+    );
+    println!("{:<44} {:>12.2}", "bare claims all Ready (s)", all_ready);
+    out.insert("bare_claims_all_ready_seconds".into(), all_ready.into());
+    drop(ns);
+    all_ready
+}
+
+/// An earlier run's namespace (a thousand pods and Sandboxes) is still being deleted
+/// for a while after that run ends; measuring on top of that cleanup measures it.
+async fn wait_for_quiet(client: &kube::Client) {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let quiet_by = Instant::now() + Duration::from_secs(300);
     loop {
@@ -152,21 +391,31 @@ async fn run(n: usize, full: bool, out: &mut serde_json::Map<String, serde_json:
         if left == 0 || Instant::now() > quiet_by {
             break;
         }
-        eprintln!("bench: waiting for {left} earlier benchmark namespace(s) to be deleted");
+        println!("bench: waiting for {left} earlier benchmark namespace(s) to be deleted");
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
+}
+
+#[derive(Default)]
+struct Seen {
+    /// binding UID -> when its claim was first seen Ready.
+    claim_ready: HashMap<String, Instant>,
+    /// binding name -> (uid, when first seen Ready).
+    binding_ready: HashMap<String, (String, Instant)>,
+}
+
+async fn run(
+    n: usize,
+    full: bool,
+    real: Option<&str>,
+    bare_all_ready: f64,
+    out: &mut serde_json::Map<String, serde_json::Value>,
+) -> f64 {
+    let client = common::client().await;
+    common::install_our_crds(&client).await;
+    wait_for_quiet(&client).await;
     let ns = common::TestNamespace::new(&client, "bench-op").await;
-    for file in [
-        "worker_service_account.yaml",
-        "sandbox_template.yaml",
-        "sandbox_warm_pool.yaml",
-        "sandbox_profile.yaml",
-    ] {
-        let path = common::repo_path(&format!("config/samples/{file}"));
-        let (ok, out, err) =
-            common::kubectl(&["apply", "-f", path.to_str().unwrap_or(""), "-n", &ns.name]);
-        assert!(ok, "{file}: {out}{err}");
-    }
+    apply_workload(&client, &ns.name, real, true).await;
     let scratch = tempfile::tempdir().expect("tempdir");
     let mut op = Operator::start(OperatorOptions {
         namespace: &ns.name,
@@ -420,14 +669,21 @@ async fn run(n: usize, full: bool, out: &mut serde_json::Map<String, serde_json:
     for line in failures.iter().take(3) {
         println!("  {}", line.chars().take(200).collect::<String>());
     }
+    let ratio = all_ready.as_secs_f64() / bare_all_ready.max(f64::EPSILON);
+    println!(
+        "{:<44} {:>12.3}",
+        "all Ready / bare claims all Ready (ratio)", ratio
+    );
     if full {
         println!(
-            "targets: overhead p50 <= 50 ms [{}], p99 <= 250 ms [{}], RSS <= 100 MiB [{}]",
+            "targets: overhead p50 <= 50 ms [{}], p99 <= 250 ms [{}], RSS <= 100 MiB [{}], all-Ready ratio <= 1.10 [{}]",
             verdict(p50 <= 50.0),
             verdict(p99 <= 250.0),
-            verdict(rss <= 100.0)
+            verdict(rss <= 100.0),
+            verdict(ratio <= 1.10)
         );
     }
+    out.insert("ready_ratio_to_bare_claims".into(), ratio.into());
     out.insert("bindings".into(), n.into());
     out.insert("create_seconds".into(), created_in.as_secs_f64().into());
     out.insert("all_ready_seconds".into(), all_ready.as_secs_f64().into());
@@ -467,6 +723,7 @@ async fn run(n: usize, full: bool, out: &mut serde_json::Map<String, serde_json:
         .collect::<Vec<_>>()
         .await;
     drop(ns);
+    ratio
 }
 
 async fn kube_requests(http: &reqwest::Client, op: &Operator) -> u64 {

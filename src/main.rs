@@ -57,8 +57,52 @@ enum Command {
         #[arg(long = "host", value_name = "HOST")]
         hosts: Vec<String>,
     },
+    /// Print the keyed subject reference (`hmac-sha256:...`) of an end-user subject, for
+    /// `HarnessBinding.spec.subjectRef` in YAML. Needs the operator's identity key and
+    /// environment.
+    SubjectRef(SubjectRefArgs),
     /// Print the version.
     Version,
+}
+
+#[derive(Args)]
+struct SubjectRefArgs {
+    /// The end-user subject, exactly as a control-plane service names it in
+    /// `Harness-Subject` (for example `user:alice`).
+    subject: String,
+    /// The operator's HMAC identity key (the chart mounts it at
+    /// `/etc/harness-engine/identity/key`). Default: `identity.key` in `--data-dir`.
+    #[arg(long, value_name = "FILE")]
+    identity_key_file: Option<PathBuf>,
+    /// The operator's data directory, holding `identity.key` when no file is named.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/harness-engine")]
+    data_dir: PathBuf,
+    /// The operator's environment id (its `--environment`): part of every reference.
+    #[arg(long, default_value = "default")]
+    environment: String,
+}
+
+/// The subject reference `harness-engine subject-ref` prints. Never creates a key: a
+/// reference made with any other key than the operator's would name nobody.
+fn subject_ref(args: &SubjectRefArgs) -> anyhow::Result<String> {
+    use harness_engine::{domain::ids::Keyring, server::auth::valid_subject};
+    if !valid_subject(&args.subject) {
+        anyhow::bail!("the subject must be 1 to 256 bytes without control characters");
+    }
+    let path = args
+        .identity_key_file
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("identity.key"));
+    let key = fs::read(&path).with_context(|| {
+        format!(
+            "reading the identity key {}: pass the operator's key with --identity-key-file \
+             (in a cluster: kubectl get secret <release>-identity -o jsonpath='{{.data.key}}' | base64 -d > key)",
+            path.display()
+        )
+    })?;
+    let keyring = Keyring::new(key, &args.environment)
+        .with_context(|| format!("identity key {}", path.display()))?;
+    Ok(keyring.subject_ref(&args.subject).as_str().to_owned())
 }
 
 #[derive(Args)]
@@ -219,6 +263,27 @@ struct OperatorArgs {
         default_value = "/etc/harness-engine/webhook-tls"
     )]
     webhook_cert_dir: PathBuf,
+    /// Manage the webhook's certificates in this Secret (namespace `POD_NAMESPACE`, else
+    /// the leader election namespace): the leader issues and rotates a CA and serving
+    /// certificate and keeps the `caBundle` of `--webhook-configuration` current; every
+    /// replica writes the serving pair into `--webhook-cert-dir` (which must be writable).
+    /// Unset: the certificate files are provided (cert-manager, Helm, a mounted Secret).
+    #[arg(long, value_name = "NAME", requires = "webhook_configuration")]
+    webhook_certs_secret: Option<String>,
+    /// The ValidatingWebhookConfiguration whose webhooks trust the managed CA.
+    #[arg(long, value_name = "NAME")]
+    webhook_configuration: Option<String>,
+    /// Names the managed serving certificate is valid for (comma-separated DNS names or
+    /// IP addresses; the webhook Service's names).
+    #[arg(long, value_name = "HOSTS", value_delimiter = ',')]
+    webhook_cert_hosts: Vec<String>,
+    /// Lifetime of a managed serving certificate, in seconds (re-issued with a third
+    /// left). Default 90 days.
+    #[arg(long, default_value_t = 90 * 86_400)]
+    webhook_cert_lifetime_seconds: u64,
+    /// Lifetime of a managed CA, in seconds (rotated with a third left). Default 10 years.
+    #[arg(long, default_value_t = 3650 * 86_400)]
+    webhook_ca_lifetime_seconds: u64,
     /// Users allowed to change `HarnessBinding.status.lease` (repeatable). Default: this
     /// operator's ServiceAccount, `system:serviceaccount:<POD_NAMESPACE>:harness-engine`.
     #[arg(long = "operator-identity", value_name = "USER")]
@@ -286,6 +351,7 @@ fn main() -> anyhow::Result<()> {
                 hosts.join(", ")
             );
         }
+        Command::SubjectRef(args) => println!("{}", subject_ref(&args)?),
         Command::Version => println!("harness-engine {}", env!("CARGO_PKG_VERSION")),
     }
     Ok(())
@@ -420,6 +486,12 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             ServerConfig::new(limits),
             server_metrics,
         );
+        // Binds from control-plane services create the conversation's HarnessBinding
+        // with this process's own ServiceAccount (docs/operator.md).
+        state.use_binding_objects(Arc::new(server::binding_objects::KubeBindingObjects::new(
+            client.clone(),
+            args.namespace.clone(),
+        )));
         let api = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
@@ -478,6 +550,50 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             state.memory_policies().clone(),
         ));
         let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
+        let managed_certs = match &args.webhook_certs_secret {
+            Some(secret) => Some(Arc::new(operator::webhook_certs::CertConfig {
+                namespace: std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .or_else(|| args.leader_election_namespace.clone())
+                    .or_else(|| args.namespace.clone())
+                    .unwrap_or_else(|| "harness-engine-system".into()),
+                secret: secret.clone(),
+                webhook_configuration: args.webhook_configuration.clone().unwrap_or_default(),
+                hosts: if args.webhook_cert_hosts.is_empty() {
+                    webhook::certs::default_hosts()
+                } else {
+                    args.webhook_cert_hosts.clone()
+                },
+                cert_lifetime: Duration::from_secs(args.webhook_cert_lifetime_seconds.max(3)),
+                ca_lifetime: Duration::from_secs(args.webhook_ca_lifetime_seconds.max(3)),
+                cert_dir: args.webhook_cert_dir.clone(),
+            })),
+            None => None,
+        };
+        // The leader's own work besides the controllers: the managed certificates.
+        let leader_extras = {
+            let (client, metrics, certs) = (client.clone(), metrics.clone(), managed_certs.clone());
+            let stopped = stopped.clone();
+            move || {
+                let (client, metrics, certs, stopped) = (
+                    client.clone(),
+                    metrics.clone(),
+                    certs.clone(),
+                    stopped.clone(),
+                );
+                async move {
+                    if let Some(certs) = certs {
+                        operator::webhook_certs::run(
+                            client,
+                            certs,
+                            metrics.webhook_certs.clone(),
+                            stopped(),
+                        )
+                        .await;
+                    }
+                }
+            }
+        };
         let webhook_task = match args.webhook_listen {
             Some(addr) => {
                 let identities = if args.operator_identities.is_empty() {
@@ -505,17 +621,46 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                 println!("webhook: https://{}", listener.local_addr()?);
                 let cert = args.webhook_cert_dir.join("tls.crt");
                 let key = args.webhook_cert_dir.join("tls.key");
-                let acceptor = Arc::new(
-                    webhook::tls::ReloadingAcceptor::new(cert.clone(), key).with_context(|| {
-                        format!("loading the webhook certificate {}", cert.display())
-                    })?,
-                );
-                Some(tokio::spawn(webhook::tls::serve_with(
-                    listener,
-                    acceptor,
-                    webhook::router(hook),
-                    stopped(),
-                )))
+                if let Some(certs) = &managed_certs {
+                    tokio::spawn(operator::webhook_certs::sync_files(
+                        client.clone(),
+                        certs.clone(),
+                        Duration::from_secs(5),
+                        stopped(),
+                    ));
+                } else {
+                    // Provided files must be there and usable now: fail the start early.
+                    webhook::tls::ReloadingAcceptor::new(cert.clone(), key.clone()).with_context(
+                        || format!("loading the webhook certificate {}", cert.display()),
+                    )?;
+                }
+                let managed = managed_certs.is_some();
+                let stopped = stopped.clone();
+                Some(tokio::spawn(async move {
+                    if managed {
+                        // The first pair comes from the Secret the leader creates.
+                        wait_for_files(&[&cert, &key], stopped()).await;
+                        if !cert.exists() {
+                            return; // stopped before the first pair arrived
+                        }
+                    }
+                    match webhook::tls::ReloadingAcceptor::new(cert.clone(), key) {
+                        Ok(acceptor) => {
+                            webhook::tls::serve_with(
+                                listener,
+                                Arc::new(acceptor),
+                                webhook::router(hook),
+                                stopped(),
+                            )
+                            .await
+                        }
+                        Err(error) => tracing::error!(
+                            file = %cert.display(),
+                            %error,
+                            "webhook: cannot load the certificate; the webhook is not served"
+                        ),
+                    }
+                }))
             }
             None => None,
         };
@@ -562,12 +707,19 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             );
             metrics.leader.set(1);
             tokio::select! {
-                () = operator::run_controllers(ctx, &config, stopped()) => false,
+                _ = futures::future::join(
+                    operator::run_controllers(ctx, &config, stopped()),
+                    leader_extras(),
+                ) => false,
                 () = elector.hold() => true,
             }
         } else {
             metrics.leader.set(1);
-            operator::run_controllers(ctx, &config, stopped()).await;
+            futures::future::join(
+                operator::run_controllers(ctx, &config, stopped()),
+                leader_extras(),
+            )
+            .await;
             false
         };
         metrics.leader.set(0);
@@ -613,5 +765,67 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(subject: &str, key_file: Option<PathBuf>, environment: &str) -> SubjectRefArgs {
+        SubjectRefArgs {
+            subject: subject.into(),
+            identity_key_file: key_file,
+            data_dir: PathBuf::from("/nonexistent/harness-engine"),
+            environment: environment.into(),
+        }
+    }
+
+    #[test]
+    fn subject_ref_is_the_operators_reference_and_needs_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = b"subject-ref-test-key-0123456789abcdef".to_vec();
+        let file = dir.path().join("key");
+        fs::write(&file, &key).expect("key");
+        let printed = subject_ref(&args("user:alice", Some(file.clone()), "e2e")).expect("ref");
+        let keyring = harness_engine::domain::ids::Keyring::new(key, "e2e").expect("keyring");
+        assert_eq!(printed, keyring.subject_ref("user:alice").as_str());
+        assert!(printed.starts_with("hmac-sha256:") && printed.len() == 12 + 64);
+        // The environment is part of the reference.
+        let other = subject_ref(&args("user:alice", Some(file.clone()), "default")).expect("ref");
+        assert_ne!(printed, other);
+
+        let missing = subject_ref(&args("user:alice", None, "e2e")).expect_err("no key");
+        let text = format!("{missing:#}");
+        assert!(
+            text.contains("/nonexistent/harness-engine/identity.key")
+                && text.contains("--identity-key-file"),
+            "{text}"
+        );
+        fs::write(&file, b"short").expect("short key");
+        let short = subject_ref(&args("user:alice", Some(file), "e2e")).expect_err("short key");
+        assert!(format!("{short:#}").contains("at least"), "{short:#}");
+        let bad = subject_ref(&args("", None, "e2e")).expect_err("empty subject");
+        assert!(bad.to_string().contains("subject"), "{bad}");
+    }
+}
+
+/// Waits until every file exists (the managed webhook certificate's first pair), or
+/// `stop` resolves.
+async fn wait_for_files(files: &[&std::path::Path], stop: impl std::future::Future<Output = ()>) {
+    let mut stop = std::pin::pin!(stop);
+    let mut said = false;
+    while !files.iter().all(|f| f.exists()) {
+        if !said {
+            tracing::info!(
+                file = %files.first().map(|f| f.display().to_string()).unwrap_or_default(),
+                "webhook: waiting for the managed certificate"
+            );
+            said = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            () = &mut stop => return,
+        }
     }
 }

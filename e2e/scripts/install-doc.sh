@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # docs/install.md, executed as written on the real node (e2e/scripts/realnode.sh up
-# first; `source $RUN/env`). Every ```sh block of the page carries a marker comment on
+# first; `source $RUN/env`) or on a kind cluster (e2e/scripts/kind-e2e.sh). Every ```sh block of the page carries a marker comment on
 # the line before it: `<!-- install-doc: helm -->`, `<!-- install-doc: yaml -->` or
 # `<!-- install-doc: skip (why) -->`. The blocks of each path run in page order,
 # literally, in one `bash -eu` session (no pipefail: as typed in a shell) from the repository root; before each
@@ -13,7 +13,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 doc=$repo/docs/install.md
 K() { "$HARNESS_E2E_BIN/kubectl" "$@"; }
-ctr_() { ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io "$@"; }
+# ctr_ and node_sh: the real node, or a kind node under `make kind-e2e`.
+# shellcheck source=node-lib.sh
+source "$repo/e2e/scripts/node-lib.sh"
 tools=$("$repo/e2e/scripts/build-tools.sh")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -43,10 +45,10 @@ export PATH="$tools:$HARNESS_E2E_BIN:$PATH"
 export HELM_CACHE_HOME=$work/helm/c HELM_CONFIG_HOME=$work/helm/f HELM_DATA_HOME=$work/helm/d
 export IMAGE_REPOSITORY=localhost/harness-engine/operator IMAGE_TAG=dev NEW_TAG=dev-doc-upgrade
 ctr_ images tag --force "$IMAGE_REPOSITORY:$IMAGE_TAG" "$IMAGE_REPOSITORY:$NEW_TAG" >/dev/null
-pv_dir=$HARNESS_E2E_RUN/pv/install-doc
+pv_dir=${HARNESS_E2E_PV_ROOT:-$HARNESS_E2E_RUN/pv}/install-doc
 volume() {
   K delete pv harness-engine-data-doc --ignore-not-found --timeout=60s >/dev/null
-  rm -rf "$pv_dir"; mkdir -p "$pv_dir"; chown 65532:65532 "$pv_dir"
+  node_sh "rm -rf '$pv_dir' && mkdir -p '$pv_dir' && chown 65532:65532 '$pv_dir'"
   K apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: PersistentVolume

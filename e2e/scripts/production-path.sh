@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The production path on the real node (e2e/scripts/realnode.sh up first; `source
-# $RUN/env`): the chart installed with the image built from ./Dockerfile, the operator
+# The production path on a node whose pods really run: the real node
+# (e2e/scripts/realnode.sh up first; `source $RUN/env`) or a kind cluster
+# (e2e/scripts/kind-e2e.sh, the same steps through e2e/scripts/node-lib.sh): the chart installed with the image built from ./Dockerfile, the operator
 # running as a pod under the chart's ServiceAccount and RBAC only, the webhook reached by
 # the API server through its Service, a binding leasing a real sandbox pod that runs the
 # example worker (examples/worker) and commits its checkpoints with its projected token;
@@ -13,7 +14,10 @@ set -euo pipefail
 : "${KUBECONFIG:?source the real node env first (e2e/scripts/realnode.sh up)}"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 K() { "$HARNESS_E2E_BIN/kubectl" "$@"; }
-ctr_() { ctr -a "$HARNESS_E2E_RUN/containerd/containerd.sock" -n k8s.io "$@"; }
+# ctr_, node_sh, node_curl, NODE_SELECTOR: the real node by default, a kind node under
+# `make kind-e2e` (e2e/scripts/node-lib.sh).
+# shellcheck source=node-lib.sh
+source "$repo/e2e/scripts/node-lib.sh"
 HELM=$("$repo/e2e/scripts/build-tools.sh")/helm
 home=$(mktemp -d); trap 'rm -rf "$home"' EXIT
 export HELM_CACHE_HOME=$home/c HELM_CONFIG_HOME=$home/f HELM_DATA_HOME=$home/d
@@ -46,8 +50,8 @@ until_ok 180 "namespace $NS of an earlier run still terminating" absent $NS
 
 # The embedded store's volume: a hostPath PersistentVolume pre-bound to the chart's claim
 # (there is no provisioner on this node), writable by the image's 65532.
-pv_dir=$HARNESS_E2E_RUN/pv/harness-engine-data
-rm -rf "$pv_dir"; mkdir -p "$pv_dir"; chown 65532:65532 "$pv_dir"
+pv_dir=${HARNESS_E2E_PV_ROOT:-$HARNESS_E2E_RUN/pv}/harness-engine-data
+node_sh "rm -rf '$pv_dir' && mkdir -p '$pv_dir' && chown 65532:65532 '$pv_dir'"
 K delete pv harness-engine-data-e2e --ignore-not-found --timeout=60s >/dev/null
 K apply -f - >/dev/null <<EOF2
 apiVersion: v1
@@ -100,7 +104,7 @@ spec:
     spec:
       serviceAccountName: harness-worker
       automountServiceAccountToken: false
-      nodeSelector: {type: real}
+      nodeSelector: $NODE_SELECTOR
       containers:
       - name: worker
         image: localhost/harness-engine/worker@$digest
@@ -166,31 +170,63 @@ K get --raw /metrics | grep 'apiserver_admission_webhook_admission_duration_seco
   fail "the API server recorded no rejection by harnessbindings.harness-engine.dev"
 say "webhook (API server -> Service harness-engine-webhook -> operator pod) refused: $(echo "$bad" | head -1 | cut -c1-200)"
 
-# A binding (the test applies it, as a chat backend's bind would create it).
-K -n $APP apply -f - >/dev/null <<EOF2 || fail "binding refused"
-apiVersion: harness-engine.dev/v1alpha1
-kind: HarnessBinding
-metadata: {name: conversation-1}
-spec:
-  agentId: research-assistant
-  conversationId: conv-0001
-  subjectRef: hmac-sha256:5f0c6c8f3f5b0e1c2a9d4b7e8f6a1c3d2e4b5a6978c0d1e2f3a4b5c6d7e8f901
-  harness: {id: deepagents, contractVersion: 1}
-  sandboxProfileRef: {name: python-worker}
-  epoch: 0
+# A chat backend starts the conversation through the data plane alone: its own
+# ServiceAccount with the documented RBAC (create/get/update on harnessbindings in its
+# namespace, impersonation of the end user it acts for), a bind, and the operator's data
+# plane creates the HarnessBinding (docs/api.md, "Binding in operator mode").
+K -n $APP apply -f - >/dev/null <<EOF2 || fail "chat backend RBAC refused"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: chat-backend}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: chat-backend}
+rules:
+- {apiGroups: [harness-engine.dev], resources: [harnessbindings], verbs: [get, create, update]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: chat-backend}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: chat-backend}
+subjects: [{kind: ServiceAccount, name: chat-backend, namespace: $APP}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: $APP-chat-backend-act-for-alice}
+rules:
+- {apiGroups: [""], resources: [users], verbs: [impersonate], resourceNames: ["user:alice"]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: $APP-chat-backend-act-for-alice}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: $APP-chat-backend-act-for-alice}
+subjects: [{kind: ServiceAccount, name: chat-backend, namespace: $APP}]
 EOF2
-ready() { [[ $(K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
-gen() { K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.lease.generation}'; }
+op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
+backend_token=$(K -n $APP create token chat-backend --audience harness-engine --duration 10m) || fail "no token for the chat backend"
+bound=$(node_curl -sS --max-time 30 -w '\n%{http_code}' -X POST \
+  -H "Authorization: Bearer $backend_token" -H 'Harness-Subject: user:alice' \
+  -H "Idempotency-Key: bind-$RANDOM$RANDOM" -H 'Content-Type: application/json' \
+  -d '{"agent_id":"research-assistant","conversation_id":"conv-0001","harness":"deepagents","sandbox_profile":"python-worker"}' \
+  "http://$op_ip:8080/v1/bindings") || fail "bind: $bound"
+[[ $(tail -1 <<<"$bound") == 201 ]] || fail "the chat backend's bind was not created (201): $bound"
+HB=$(head -1 <<<"$bound" | python3 -c 'import json, sys; print(json.load(sys.stdin)["harness_binding"]["name"])') ||
+  fail "the bind's answer names no HarnessBinding: $bound"
+say "chat backend (ServiceAccount $APP/chat-backend, acting for user:alice) bound conv-0001 through the data plane: HarnessBinding $APP/$HB created"
+K -n $APP delete clusterrole,clusterrolebinding $APP-chat-backend-act-for-alice >/dev/null 2>&1 || true
+ready() { [[ $(K -n $APP get harnessbinding "$HB" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+gen() { K -n $APP get harnessbinding "$HB" -o jsonpath='{.status.lease.generation}'; }
 until_ok 120 "binding not Ready" ready
-bid=$(K -n $APP get harnessbinding conversation-1 -o jsonpath='{.metadata.labels.harness-engine\.dev/binding-id}')
-worker_pod() { K -n $APP get harnessbinding conversation-1 -o jsonpath='{.status.lease.workerPodName}'; }
+bid=$(K -n $APP get harnessbinding "$HB" -o jsonpath='{.metadata.labels.harness-engine\.dev/binding-id}')
+worker_pod() { K -n $APP get harnessbinding "$HB" -o jsonpath='{.status.lease.workerPodName}'; }
 pod=$(worker_pod)
 [[ -n $pod ]] || pod=$(K -n $APP get pods -l app.kubernetes.io/name=harness-worker -o jsonpath='{.items[0].metadata.name}')
 say "binding $bid Ready at generation $(gen), worker pod $pod"
 
 turn() { # pod message -> prints the JSON reply
   local ip; ip=$(K -n $APP get pod "$1" -o jsonpath='{.status.podIP}')
-  curl -sS --max-time 60 -H 'Content-Type: application/json' \
+  node_curl -sS --max-time 60 -H 'Content-Type: application/json' \
     -d "{\"binding_id\":\"$bid\",\"message\":\"$2\"}" "http://$ip:8000/turns"
 }
 out=$(turn "$pod" hello) || fail "turn 1: $out"
@@ -213,9 +249,8 @@ say "generation $g1 -> $(gen); replacement pod $pod2 resumed: $out"
 # Late writes at the old generation: with the deleted pod's own token (refused by
 # authentication once its pod object is gone, by the fence while it terminates or while
 # its TokenReview is cached) and with the live pod's token (refused by the fence).
-op_ip=$(K -n $NS get pods -l app.kubernetes.io/name=harness-engine -o jsonpath='{.items[0].status.podIP}')
 late() { # token -> "<http status> <body>"
-  curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
+  node_curl -sS --max-time 10 -o /dev/stderr -w '%{http_code}' -X POST \
     -H "Authorization: Bearer $1" -H 'Content-Type: application/octet-stream' \
     -H "Idempotency-Key: late-$RANDOM$RANDOM" -H 'Harness-Epoch: 0' \
     -H "Harness-Lease-Generation: $g1" -H 'Harness-Codec: langgraph.checkpoint.v1' \
@@ -260,7 +295,7 @@ echo "$out" | grep -q "\"reply\": \"turn $((3 + n)): upgraded\"" || fail "turn a
 say "helm upgrade kept the binding (generation $g2 -> $(gen)) and its head; $n turns taken during the rolling restart, none lost or repeated; then: $out"
 
 # 7. Bindings deleted (their finalizer releases claims), then helm uninstall.
-K -n $APP delete harnessbinding conversation-1 --timeout=120s >/dev/null || fail "binding not deleted"
+K -n $APP delete harnessbinding "$HB" --timeout=120s >/dev/null || fail "binding not deleted"
 K -n $APP delete sandboxwarmpool python-worker --timeout=60s >/dev/null
 "$HELM" uninstall harness-engine -n $NS --wait --timeout 120s >/dev/null || fail "helm uninstall"
 gone() { [[ -z $(K -n $APP get sandboxclaims,sandboxes,pods -o name 2>/dev/null) ]] && [[ -z $(K -n $NS get pods -o name 2>/dev/null) ]]; }

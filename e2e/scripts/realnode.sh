@@ -24,6 +24,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 export HARNESS_E2E_RUN=${HARNESS_E2E_RUN:-$(cd "$here/../.." && pwd)/target/e2e-node}
 # shellcheck source=lib.sh
 source "$here/lib.sh"
+# shellcheck source=node-lib.sh
+source "$here/node-lib.sh" # tag_by_digest (ctr_ is redefined below for $SOCK)
 
 LOCK=${HARNESS_E2E_NODE_LOCK:-/run/lock/harness-engine-real-node}
 NODE=harness-real-node
@@ -205,14 +207,7 @@ EOC
   start containerd containerd --config "$RUN/containerd/config.toml"
   waitfor containerd ctr_ version; mark containerd
   local i; for i in "$IMAGES"/*.tar; do ctr_ images import "$i" >/dev/null; done
-  # Each image also under name@manifest-digest, as a registry pull records it: a pod
-  # template pinned by digest (what a SandboxProfile requires) then resolves locally, and
-  # the kubelet reports that digest as the container's imageID.
-  local name digest
-  while read -r name digest; do
-    [[ $name == localhost/harness-engine/*:* ]] || continue
-    ctr_ images tag --force "$name" "${name%:*}@$digest" >/dev/null
-  done < <(ctr_ images ls | awk 'NR > 1 {print $1, $3}')
+  tag_by_digest # e2e/scripts/node-lib.sh
   mark "import images"
 }
 

@@ -10,6 +10,7 @@
 pub mod binding;
 pub mod conditions;
 pub mod crds;
+pub mod labels;
 #[allow(clippy::duplicated_attributes)]
 pub mod memory_policy;
 #[allow(clippy::duplicated_attributes)]
@@ -21,6 +22,7 @@ pub use binding::{
     DurabilityStatus, HarnessBinding, HarnessBindingSpec, HarnessBindingStatus, HarnessId,
     HarnessSpec, Lease, Lifecycle, PendingInterruptSummary, StateProjection,
 };
+pub use labels::{BINDING_ID_LABEL, RESUME_ANNOTATION};
 pub use memory_policy::{MemoryPolicy, MemoryPolicySpec, MemoryPolicyStatus};
 pub use profile::{SandboxProfile, SandboxProfileSpec, SandboxProfileStatus};
 

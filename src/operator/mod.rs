@@ -57,6 +57,7 @@ pub mod leader;
 pub mod logging;
 pub mod memory_policy;
 pub mod profile;
+pub mod webhook_certs;
 
 /// The label Agent Sandbox sets on every pod it creates for a Sandbox (its value a hash
 /// of the Sandbox name); the pod watch selects on its presence.
@@ -116,6 +117,8 @@ pub struct OperatorMetrics {
     pub events_dropped: Counter,
     /// Binding reconciles that ended waiting for Agent Sandbox, by what they waited for.
     pub binding_waits: Family<WaitLabels, Counter>,
+    /// Webhook certificates the operator manages: seconds until they expire.
+    pub webhook_certs: webhook_certs::CertMetrics,
 }
 
 impl Default for OperatorMetrics {
@@ -133,6 +136,7 @@ impl Default for OperatorMetrics {
             api_requests: Counter::default(),
             events_dropped: Counter::default(),
             binding_waits: Family::default(),
+            webhook_certs: webhook_certs::CertMetrics::default(),
         }
     }
 }
@@ -190,6 +194,16 @@ impl OperatorMetrics {
             "leader",
             "1 while this replica holds the leader lease",
             self.leader.clone(),
+        );
+        r.register(
+            "webhook_serving_cert_expiry_seconds",
+            "Seconds until the webhook serving certificate the operator manages expires",
+            self.webhook_certs.serving_expiry.clone(),
+        );
+        r.register(
+            "webhook_ca_expiry_seconds",
+            "Seconds until the CA signing the webhook certificate the operator manages expires",
+            self.webhook_certs.ca_expiry.clone(),
         );
     }
 
@@ -892,121 +906,7 @@ where
     ctx.claiming
         .get_or_init(|| tokio::sync::Semaphore::new(usize::from(config.concurrency / 2).max(1)));
 
-    // Our own status writes must not re-trigger reconciles (each would cost reads and
-    // nothing else): a binding is reconciled when what a user or the API server changes
-    // moves (generation, labels, annotations, finalizers, deletion), when its children
-    // move, or when it asked to be requeued.
-    // Reconciles wait for this gate (see `Caches::ready`); it opens when all five
-    // watches below have listed once.
-    let gate = CacheGate::new(&[
-        "harnessbindings",
-        "sandboxclaims",
-        "sandboxes",
-        "pods",
-        "sandboxprofiles",
-    ]);
-    let (reader, writer) = reflector::store();
-    let trigger = watcher(
-        api::<HarnessBinding>(&client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(strip_managed_fields)
-    .reflect(writer)
-    .inspect(gate.on_init_done("harnessbindings"))
-    .applied_objects()
-    .predicate_filter(
-        binding_trigger,
-        kube::runtime::utils::PredicateConfig::default(),
-    );
-
-    // One watch per kind the binding controller reads: it fills the cache and
-    // triggers the bindings it concerns. Sandboxes and pods carry no label of ours, so
-    // they map to their binding through the ownership chain in the caches
-    // (pod -> Sandbox -> SandboxClaim -> HarnessBinding); whichever of the three moves
-    // last finds the chain complete.
-    let (claims, claims_w) = reflector::store::<SandboxClaim>();
-    let claim_events = watcher(
-        api::<SandboxClaim>(&client, ns),
-        watcher::Config::default().labels(binding::BINDING_UID_LABEL),
-    )
-    .default_backoff()
-    .modify(strip_managed_fields)
-    .reflect(claims_w)
-    .inspect(gate.on_init_done("sandboxclaims"))
-    .touched_objects()
-    .map({
-        let ctx = ctx.clone();
-        move |claim| {
-            if let Ok(c) = &claim {
-                ctx.note_claim(c);
-            }
-            claim
-        }
-    });
-    let (sandboxes, sandboxes_w) = reflector::store::<Sandbox>();
-    let sandbox_events = watcher(api::<Sandbox>(&client, ns), watcher::Config::default())
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(sandboxes_w)
-        .inspect(gate.on_init_done("sandboxes"))
-        .touched_objects();
-    let (pods, pods_w) = reflector::store::<Pod>();
-    // Only pods Agent Sandbox made (it labels each with its Sandbox's name hash): the
-    // cache holds none of the cluster's other pods.
-    let pod_events = watcher(
-        api::<Pod>(&client, ns),
-        watcher::Config::default().labels(SANDBOX_POD_LABEL),
-    )
-    .default_backoff()
-    .modify(strip_managed_fields)
-    .reflect(pods_w)
-    .inspect(gate.on_init_done("pods"))
-    .touched_objects();
-    let (profiles_c, profiles_w) = reflector::store::<SandboxProfile>();
-    let profile_events = watcher(
-        api::<SandboxProfile>(&client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(strip_managed_fields)
-    .reflect(profiles_w)
-    .inspect(gate.on_init_done("sandboxprofiles"))
-    .touched_objects();
-    ctx.set_caches(Some(Caches {
-        claims: claims.clone(),
-        sandboxes: sandboxes.clone(),
-        pods,
-        profiles: profiles_c,
-        gate: gate.clone(),
-    }));
-
-    let bindings = Controller::for_stream(trigger, reader).with_config(cc.clone());
-    let by_profile = bindings.store();
-    let by_sandbox = bindings.store();
-    let by_pod = bindings.store();
-    let claims_for_sandboxes = claims.clone();
-    let bindings = bindings
-        .owns_stream(claim_events)
-        .watches_stream(sandbox_events, move |sb: Sandbox| {
-            bindings_of_sandbox(&by_sandbox, &claims_for_sandboxes, &sb)
-        })
-        .watches_stream(pod_events, move |pod: Pod| {
-            bindings_of_pod(&by_pod, &sandboxes, &claims, &pod)
-        })
-        // Events that arrived while the caches were still filling mapped to nothing
-        // (the chain pod -> Sandbox -> claim -> binding was not listed yet): once every
-        // cache holds its list, every binding is looked at once more.
-        .reconcile_all_on(gate.opened())
-        .watches_stream(profile_events, move |profile: SandboxProfile| {
-            let pns = profile.namespace();
-            let name = profile.name_any();
-            by_profile
-                .state()
-                .into_iter()
-                .filter(move |b| b.namespace() == pns && b.spec.sandbox_profile_ref.name == name)
-                .map(|b| ObjectRef::from_obj(&*b))
-        })
+    let bindings = binding_controller(&ctx, ns, cc.clone())
         .graceful_shutdown_on(shutdown())
         .run(
             |b, ctx| observed(b.clone(), ctx.clone(), binding::reconcile(b, ctx)),
@@ -1040,6 +940,135 @@ where
 
     tokio::join!(bindings, profiles, policies);
     ctx.set_caches(None);
+}
+
+/// A watch that fills a cache of `K` (managed fields stripped) and opens its part of
+/// `gate` on its first complete list; the stream yields every object it touched.
+fn cached_watch<K>(
+    client: &Client,
+    ns: Option<&str>,
+    config: watcher::Config,
+    gate: &CacheGate,
+    kind: &'static str,
+) -> (
+    Cache<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (cache, writer) = reflector::store::<K>();
+    let events = watcher(api::<K>(client, ns), config)
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(writer)
+        .inspect(gate.on_init_done(kind))
+        .touched_objects();
+    (cache, events)
+}
+
+/// The HarnessBinding controller and the watches it reads (not yet running).
+///
+/// Our own status writes must not re-trigger reconciles (each would cost reads and
+/// nothing else): a binding is reconciled when what a user or the API server changes
+/// moves (generation, labels, annotations, finalizers, deletion), when its children
+/// move, or when it asked to be requeued. Reconciles wait for the gate (see
+/// `Caches::ready`); it opens when all five watches have listed once.
+fn binding_controller(
+    ctx: &Arc<Context>,
+    ns: Option<&str>,
+    cc: controller::Config,
+) -> Controller<HarnessBinding> {
+    let client = &ctx.client;
+    let gate = CacheGate::new(&[
+        "harnessbindings",
+        "sandboxclaims",
+        "sandboxes",
+        "pods",
+        "sandboxprofiles",
+    ]);
+    let (reader, writer) = reflector::store();
+    let trigger = watcher(
+        api::<HarnessBinding>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(strip_managed_fields)
+    .reflect(writer)
+    .inspect(gate.on_init_done("harnessbindings"))
+    .applied_objects()
+    .predicate_filter(
+        binding_trigger,
+        kube::runtime::utils::PredicateConfig::default(),
+    );
+
+    // One watch per kind the binding controller reads: it fills the cache and
+    // triggers the bindings it concerns. Sandboxes and pods carry no label of ours, so
+    // they map to their binding through the ownership chain in the caches
+    // (pod -> Sandbox -> SandboxClaim -> HarnessBinding); whichever of the three moves
+    // last finds the chain complete.
+    let claims_config = watcher::Config::default().labels(binding::BINDING_UID_LABEL);
+    let (claims, claim_events) = cached_watch(client, ns, claims_config, &gate, "sandboxclaims");
+    let claim_events = claim_events.map({
+        let ctx = ctx.clone();
+        move |claim| {
+            if let Ok(c) = &claim {
+                ctx.note_claim(c);
+            }
+            claim
+        }
+    });
+    let (sandboxes, sandbox_events) =
+        cached_watch::<Sandbox>(client, ns, watcher::Config::default(), &gate, "sandboxes");
+    // Only pods Agent Sandbox made (it labels each with its Sandbox's name hash): the
+    // cache holds none of the cluster's other pods.
+    let pods_config = watcher::Config::default().labels(SANDBOX_POD_LABEL);
+    let (pods, pod_events) = cached_watch::<Pod>(client, ns, pods_config, &gate, "pods");
+    let (profiles, profile_events) = cached_watch::<SandboxProfile>(
+        client,
+        ns,
+        watcher::Config::default(),
+        &gate,
+        "sandboxprofiles",
+    );
+    ctx.set_caches(Some(Caches {
+        claims: claims.clone(),
+        sandboxes: sandboxes.clone(),
+        pods,
+        profiles,
+        gate: gate.clone(),
+    }));
+
+    let bindings = Controller::for_stream(trigger, reader).with_config(cc);
+    let (by_profile, by_sandbox, by_pod) = (bindings.store(), bindings.store(), bindings.store());
+    let claims_for_sandboxes = claims.clone();
+    bindings
+        .owns_stream(claim_events)
+        .watches_stream(sandbox_events, move |sb: Sandbox| {
+            bindings_of_sandbox(&by_sandbox, &claims_for_sandboxes, &sb)
+        })
+        .watches_stream(pod_events, move |pod: Pod| {
+            bindings_of_pod(&by_pod, &sandboxes, &claims, &pod)
+        })
+        // Events that arrived while the caches were still filling mapped to nothing
+        // (the chain pod -> Sandbox -> claim -> binding was not listed yet): once every
+        // cache holds its list, every binding is looked at once more.
+        .reconcile_all_on(gate.opened())
+        .watches_stream(profile_events, move |profile: SandboxProfile| {
+            let pns = profile.namespace();
+            let name = profile.name_any();
+            by_profile
+                .state()
+                .into_iter()
+                .filter(move |b| b.namespace() == pns && b.spec.sandbox_profile_ref.name == name)
+                .map(|b| ObjectRef::from_obj(&*b))
+        })
 }
 
 /// Caches keep what the controllers read; the field-manager bookkeeping is not that.

@@ -77,68 +77,8 @@ async fn check(
             format!("SandboxTemplate {ns}/{template_name} of warm pool {pool_name} does not exist"),
         )));
     };
-    let pod = &template.spec.pod_template;
-    for c in &pod.spec.containers {
-        let image = c.image.clone().unwrap_or_default();
-        let Some(digest) = sandbox::image_digest(&image) else {
-            return Ok(Err((
-                "ImageNotPinned",
-                format!(
-                    "container {} of SandboxTemplate {template_name} uses {image:?}: images must be pinned by sha256 digest",
-                    c.name
-                ),
-            )));
-        };
-        if !spec
-            .allowed_worker_image_digests
-            .iter()
-            .any(|d| d == digest)
-        {
-            return Ok(Err((
-                "ImageNotAllowed",
-                format!(
-                    "container {} of SandboxTemplate {template_name} runs {digest}, which is not in allowedWorkerImageDigests",
-                    c.name
-                ),
-            )));
-        }
-    }
-    if let Some(want) = &spec.runtime_class_name
-        && pod.spec.runtime_class_name.as_deref() != Some(want.as_str())
-    {
-        return Ok(Err((
-            "RuntimeClassMismatch",
-            format!(
-                "SandboxTemplate {template_name} runs with runtimeClassName {:?}; the profile requires {want:?}",
-                pod.spec.runtime_class_name.as_deref().unwrap_or("")
-            ),
-        )));
-    }
-    let declared = pod
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(sandbox::PROTOCOL_VERSION_ANNOTATION));
-    let Some(declared) = declared else {
-        return Ok(Err((
-            "ProtocolVersionMissing",
-            format!(
-                "SandboxTemplate {template_name} does not declare annotation {} on its pod template",
-                sandbox::PROTOCOL_VERSION_ANNOTATION
-            ),
-        )));
-    };
-    match declared.trim().parse::<i32>() {
-        Ok(v) if spec.worker_protocol_versions.contains(&v) => {}
-        _ => {
-            return Ok(Err((
-                "ProtocolVersionNotAllowed",
-                format!(
-                    "SandboxTemplate {template_name} declares protocol version {declared:?}; the profile allows {:?}",
-                    spec.worker_protocol_versions
-                ),
-            )));
-        }
+    if let Err(refusal) = check_template(spec, &template, template_name) {
+        return Ok(Err(refusal));
     }
     Ok(Ok((
         format!(
@@ -146,6 +86,77 @@ async fn check(
         ),
         pool_uid,
     )))
+}
+
+/// What a profile requires of the template its warm pool stamps pods from: every
+/// container pinned by a digest the profile allows, the profile's `runtimeClassName`
+/// when it names one, and a declared worker protocol version it accepts. A refusal is (reason, message).
+fn check_template(
+    spec: &crate::api::SandboxProfileSpec,
+    template: &SandboxTemplate,
+    template_name: &str,
+) -> Result<(), (&'static str, String)> {
+    let pod = &template.spec.pod_template;
+    for c in &pod.spec.containers {
+        let image = c.image.clone().unwrap_or_default();
+        let Some(digest) = sandbox::image_digest(&image) else {
+            return Err((
+                "ImageNotPinned",
+                format!(
+                    "container {} of SandboxTemplate {template_name} uses {image:?}: images must be pinned by sha256 digest",
+                    c.name
+                ),
+            ));
+        };
+        if !spec
+            .allowed_worker_image_digests
+            .iter()
+            .any(|d| d == digest)
+        {
+            return Err((
+                "ImageNotAllowed",
+                format!(
+                    "container {} of SandboxTemplate {template_name} runs {digest}, which is not in allowedWorkerImageDigests",
+                    c.name
+                ),
+            ));
+        }
+    }
+    if let Some(want) = &spec.runtime_class_name
+        && pod.spec.runtime_class_name.as_deref() != Some(want.as_str())
+    {
+        return Err((
+            "RuntimeClassMismatch",
+            format!(
+                "SandboxTemplate {template_name} runs with runtimeClassName {:?}; the profile requires {want:?}",
+                pod.spec.runtime_class_name.as_deref().unwrap_or("")
+            ),
+        ));
+    }
+    let declared = pod
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(sandbox::PROTOCOL_VERSION_ANNOTATION));
+    let Some(declared) = declared else {
+        return Err((
+            "ProtocolVersionMissing",
+            format!(
+                "SandboxTemplate {template_name} does not declare annotation {} on its pod template",
+                sandbox::PROTOCOL_VERSION_ANNOTATION
+            ),
+        ));
+    };
+    match declared.trim().parse::<i32>() {
+        Ok(v) if spec.worker_protocol_versions.contains(&v) => Ok(()),
+        _ => Err((
+            "ProtocolVersionNotAllowed",
+            format!(
+                "SandboxTemplate {template_name} declares protocol version {declared:?}; the profile allows {:?}",
+                spec.worker_protocol_versions
+            ),
+        )),
+    }
 }
 
 async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error> {
@@ -234,4 +245,102 @@ async fn apply(profile: &SandboxProfile, ctx: &Context) -> Result<Action, Error>
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const DIGEST: &str = "sha256:d82f458899c9696cb26a7c02d5568f81c8c8223f8661bb2a7988b269c8b9051e";
+
+    fn spec() -> crate::api::SandboxProfileSpec {
+        serde_json::from_value(json!({
+            "warmPoolRef": {"name": "pool"},
+            "allowedHarnessIds": ["deepagents"],
+            "allowedWorkerImageDigests": [DIGEST],
+            "adapterVersion": "1.0.0",
+            "workerProtocolVersions": [1],
+            "egressPolicyClass": "data-plane-only",
+            "timeouts": {"claimReadinessDeadline": "2m", "idleTTL": "30m", "maxLifetime": "12h"}
+        }))
+        .expect("spec")
+    }
+
+    fn template(image: &str, protocol: Option<&str>) -> SandboxTemplate {
+        let annotations = protocol.map_or(
+            json!({}),
+            |v| json!({ sandbox::PROTOCOL_VERSION_ANNOTATION: v }),
+        );
+        serde_json::from_value(json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+            "metadata": {"name": "t"},
+            "spec": {"podTemplate": {
+                "metadata": {"annotations": annotations},
+                "spec": {"containers": [{"name": "worker", "image": image}]}
+            }}
+        }))
+        .expect("template")
+    }
+
+    #[test]
+    fn a_template_is_accepted_only_pinned_allowed_and_on_a_known_protocol() {
+        let pinned = format!("busybox@{DIGEST}");
+        let other = format!("busybox@sha256:{}", "0".repeat(64));
+        let cases: [(&str, Option<&str>, Option<&str>); 6] = [
+            (&pinned, Some("1"), None),
+            (&pinned, Some(" 1 "), None),
+            ("busybox:latest", Some("1"), Some("ImageNotPinned")),
+            (&other, Some("1"), Some("ImageNotAllowed")),
+            (&pinned, None, Some("ProtocolVersionMissing")),
+            (&pinned, Some("2"), Some("ProtocolVersionNotAllowed")),
+        ];
+        for (image, protocol, want) in cases {
+            let got = check_template(&spec(), &template(image, protocol), "t");
+            assert_eq!(
+                got.as_ref().err().map(|(reason, _)| *reason),
+                want,
+                "{image} {protocol:?}: {got:?}"
+            );
+            if let Err((_, message)) = got {
+                assert!(message.contains("SandboxTemplate t"), "{message}");
+            }
+        }
+    }
+
+    /// `runtimeClassName`: the template must run with exactly the class the profile names.
+    #[test]
+    fn a_profile_runtime_class_must_be_the_templates() {
+        let pinned = format!("busybox@{DIGEST}");
+        let with_class = |class: Option<&str>| {
+            let mut t = template(&pinned, Some("1"));
+            t.spec.pod_template.spec.runtime_class_name = class.map(Into::into);
+            t
+        };
+        let mut gvisor = spec();
+        gvisor.runtime_class_name = Some("gvisor".into());
+        let cases = [
+            (&spec(), None, None),
+            (&spec(), Some("kata"), None),
+            (&gvisor, Some("gvisor"), None),
+            (&gvisor, None, Some("RuntimeClassMismatch")),
+            (&gvisor, Some("runc"), Some("RuntimeClassMismatch")),
+        ];
+        for (profile, class, want) in cases {
+            let got = check_template(profile, &with_class(class), "t");
+            assert_eq!(
+                got.as_ref().err().map(|(reason, _)| *reason),
+                want,
+                "{class:?}: {got:?}"
+            );
+        }
+        let message = check_template(&gvisor, &with_class(Some("runc")), "t")
+            .err()
+            .map(|(_, m)| m)
+            .unwrap_or_default();
+        assert!(
+            message.contains("runtimeClassName \"runc\"; the profile requires \"gvisor\""),
+            "{message}"
+        );
+    }
 }

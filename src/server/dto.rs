@@ -76,6 +76,44 @@ pub struct BindRequest {
     pub conversation_id: String,
     /// The harness that runs the conversation. Fixed when the binding is created.
     pub harness: Harness,
+    /// Operator mode: the `SandboxProfile` (in the caller's namespace) the
+    /// conversation's new `HarnessBinding` uses. Required when the conversation has no
+    /// HarnessBinding yet; an existing one is returned as it is. `serve` checks the name
+    /// and ignores it.
+    #[serde(default)]
+    #[schema(
+        example = "python-worker",
+        min_length = 1,
+        max_length = 253,
+        pattern = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        nullable = false
+    )]
+    pub sandbox_profile: Option<String>,
+    /// Operator mode: the `MemoryPolicy` (in the caller's namespace) of a new
+    /// HarnessBinding; without one the conversation gets no long-term memory. `serve`
+    /// checks the name and ignores it.
+    #[serde(default)]
+    #[schema(
+        example = "research-assistant",
+        min_length = 1,
+        max_length = 253,
+        pattern = "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        nullable = false
+    )]
+    pub memory_policy: Option<String>,
+}
+
+/// Operator mode: the conversation's `HarnessBinding` object.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HarnessBindingRef {
+    /// The caller's namespace.
+    pub namespace: String,
+    /// `hb-` and the binding id's 32 hex digits for bindings a bind created; a binding
+    /// applied as YAML keeps its own name.
+    #[schema(example = "hb-0123456789abcdef0123456789abcdef")]
+    pub name: String,
+    /// The object's `metadata.uid`.
+    pub uid: String,
 }
 
 /// A binding: a conversation's identity and its current fence.
@@ -93,6 +131,11 @@ pub struct Binding {
     /// Current lease generation: send it as `Harness-Lease-Generation`.
     pub lease_generation: u64,
     pub created_at_ms: i64,
+    /// Operator mode, on a bind: the conversation's HarnessBinding (`kubectl get hb
+    /// <name>` shows its lease). Absent in `serve` mode and on reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub harness_binding: Option<HarnessBindingRef>,
 }
 
 impl From<BindingRecord> for Binding {
@@ -106,6 +149,7 @@ impl From<BindingRecord> for Binding {
             epoch: r.epoch,
             lease_generation: r.lease_generation,
             created_at_ms: r.created_at_ms,
+            harness_binding: None,
         }
     }
 }

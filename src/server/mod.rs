@@ -3,7 +3,8 @@
 //! - [`routes`]: the `/v1` handlers; [`dto`]: their bodies; [`openapi`]: the document;
 //!   [`ledger_routes`]: the run ledger (`/v1/bindings/{id}/runs/...`).
 //! - [`auth`]: who is calling (static tokens, Kubernetes); [`authz`]: which binding and
-//!   scope that caller may touch.
+//!   scope that caller may touch; [`binding_objects`]: a bind's HarnessBinding in
+//!   operator mode.
 //! - [`error`]: the one error shape; [`extract`]: extractors that only fail with it;
 //!   [`conn`]: the API port's connection loop (parser refusals in that shape too);
 //!   [`middleware`]: deadline, metrics, trace context and the request span, JSON
@@ -14,7 +15,11 @@
 //! The server holds the store only as `Arc<dyn Store>` and never reaches past its
 //! traits: the store's fence, not the server, has the last word on epoch and lease.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use axum::{
     Router,
@@ -34,6 +39,7 @@ use crate::{
 pub mod admin;
 pub mod auth;
 pub mod authz;
+pub mod binding_objects;
 pub mod conn;
 pub mod dto;
 pub mod error;
@@ -87,6 +93,7 @@ struct Inner {
     memory_policies: SharedMemoryPolicies,
     ledger_budgets: ledger_routes::LedgerBudgets,
     openapi_json: String,
+    binding_objects: OnceLock<Arc<dyn binding_objects::BindingObjects>>,
 }
 
 /// What every handler reads: the store, the keyring, the authenticator, the settings.
@@ -122,6 +129,7 @@ impl AppState {
             memory_policies: SharedMemoryPolicies::default(),
             ledger_budgets,
             openapi_json,
+            binding_objects: OnceLock::new(),
         }))
     }
     pub fn store(&self) -> &dyn Store {
@@ -152,6 +160,15 @@ impl AppState {
     /// binding's `SandboxProfile` where the operator sets them.
     pub fn ledger_budgets(&self) -> &ledger_routes::LedgerBudgets {
         &self.0.ledger_budgets
+    }
+    /// Operator mode: binds create or return the conversation's HarnessBinding through
+    /// `objects` ([`binding_objects`]). Set once, before serving; `false` if already set.
+    pub fn use_binding_objects(&self, objects: Arc<dyn binding_objects::BindingObjects>) -> bool {
+        self.0.binding_objects.set(objects).is_ok()
+    }
+    /// The HarnessBinding side of a bind, in operator mode; `None` in `serve` mode.
+    pub fn binding_objects(&self) -> Option<&dyn binding_objects::BindingObjects> {
+        self.0.binding_objects.get().map(|o| o.as_ref())
     }
 }
 

@@ -199,6 +199,13 @@ fn check_id(what: &str, id: &str, max: usize) -> Result<(), ApiError> {
 ///
 /// Idempotent by nature: the binding id is a keyed digest of environment, subject, agent
 /// and conversation, so a repeat returns the same binding (200) instead of creating one (201).
+///
+/// Operator mode (a control-plane ServiceAccount; docs/operator.md, "Binding through the
+/// data plane"): the bind also creates or returns the conversation's `HarnessBinding` in
+/// the caller's namespace (named after the binding id, so retries and replicas agree;
+/// 201 when this call created it) and answers with it in `harness_binding`. A new one
+/// needs `sandbox_profile`; a missing, disabled or unsuitable profile or memory policy is
+/// 422 `invalid` and nothing is created. A hibernated binding is asked to resume.
 #[utoipa::path(post, path = "/v1/bindings", tag = "bindings",
     params(IdempotencyHeader, SubjectParam),
     request_body = BindRequest,
@@ -215,7 +222,20 @@ async fn bind(
 ) -> Result<(StatusCode, Json<Binding>), ApiError> {
     check_id("agent_id", &req.agent_id, 128)?;
     check_id("conversation_id", &req.conversation_id, 256)?;
+    super::binding_objects::check_references(&req)?;
     let subject = authz::bind_subject(&state, &caller, named).await?;
+    let status = |created: bool| {
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        }
+    };
+    if let Some(objects) = state.binding_objects() {
+        let (created, body) =
+            super::binding_objects::bind(&state, objects, &caller, &subject, req).await?;
+        return Ok((status(created), Json(body)));
+    }
     let keyring = state.keyring();
     let record = crate::domain::state::BindingRecord {
         binding_id: keyring.binding_id(&subject, &req.agent_id, &req.conversation_id),
@@ -232,18 +252,7 @@ async fn bind(
     let span = step_span(Step::SessionBinding, "binding.create", &record.binding_id);
     let (stored, created) = traced(span.clone(), state.store().ensure_binding(&record)).await?;
     spans::record(&span, keys::CREATED, created);
-    if !created {
-        // Only an existing conversation can be hibernated; the resume request is best
-        // effort and never delays or fails the bind.
-        let (state, id) = (state.clone(), stored.binding_id.clone());
-        tokio::spawn(async move { state.auth().bound(&caller, &id).await });
-    }
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(stored.into())))
+    Ok((status(created), Json(stored.into())))
 }
 
 /// Get a binding: identity and current fence (epoch, lease generation).

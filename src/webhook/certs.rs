@@ -1,6 +1,7 @@
-//! Development certificates: a fresh CA and a server certificate it signs, written as
-//! `ca.crt`, `tls.crt` and `tls.key` (the names a `kubernetes.io/tls` Secret mounts).
-//! For local runs and tests; clusters use cert-manager (see `config/webhook/`).
+//! Webhook certificates: a CA and serving certificates it signs, in memory ([`new_ca`],
+//! [`issue_serving`]: what the operator keeps in its Secret when it manages the
+//! webhook's certificates itself, `src/operator/webhook_certs.rs`) or written as
+//! `ca.crt`, `tls.crt` and `tls.key` for local runs and tests ([`self_signed`]).
 
 use std::{
     io::Write,
@@ -52,6 +53,84 @@ pub struct SelfSigned {
     pub ca_pem: String,
 }
 
+/// A CA or a serving certificate in PEM, with its key and the end of its validity
+/// (seconds since the Unix epoch).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pem {
+    pub cert: String,
+    pub key: String,
+    pub not_after: i64,
+}
+
+fn validity(lifetime: Duration) -> (time::OffsetDateTime, time::OffsetDateTime) {
+    let now = SystemTime::now();
+    (
+        time::OffsetDateTime::from(now - Duration::from_secs(3600)),
+        time::OffsetDateTime::from(now + lifetime),
+    )
+}
+
+fn ca_params(common_name: &str) -> Result<CertificateParams, CertError> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name
+        .push(DnType::CommonName, common_name.to_owned());
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(ca)
+}
+
+/// A new self-signed CA named `common_name`, valid for `lifetime` (from an hour ago, so
+/// a clock slightly behind still accepts it).
+pub fn new_ca(common_name: &str, lifetime: Duration) -> Result<Pem, CertError> {
+    let key = KeyPair::generate()?;
+    let mut params = ca_params(common_name)?;
+    let (not_before, not_after) = validity(lifetime);
+    params.not_before = not_before;
+    params.not_after = not_after;
+    params.serial_number = Some(random_serial());
+    let cert = params.self_signed(&key)?;
+    Ok(Pem {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        not_after: not_after.unix_timestamp(),
+    })
+}
+
+/// A serving certificate for `hosts` (DNS names or IP addresses), signed by the CA named
+/// `ca_name` whose key is `ca_key` (PEM), valid for `lifetime`.
+pub fn issue_serving(
+    ca_name: &str,
+    ca_key: &str,
+    hosts: &[String],
+    lifetime: Duration,
+) -> Result<Pem, CertError> {
+    if hosts.is_empty() {
+        return Err(CertError::NoHosts);
+    }
+    let ca_key = KeyPair::from_pem(ca_key)?;
+    let issuer = Issuer::new(ca_params(ca_name)?, &ca_key);
+    let key = KeyPair::generate()?;
+    let mut leaf = CertificateParams::new(hosts.to_vec())?;
+    leaf.distinguished_name
+        .push(DnType::CommonName, hosts[0].clone());
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let (not_before, not_after) = validity(lifetime);
+    leaf.not_before = not_before;
+    leaf.not_after = not_after;
+    leaf.serial_number = Some(random_serial());
+    let cert = leaf.signed_by(&key, &issuer)?;
+    Ok(Pem {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        not_after: not_after.unix_timestamp(),
+    })
+}
+
 /// Writes a new CA (`ca.crt`) and a server certificate (`tls.crt`, key `tls.key`, mode
 /// 0600) valid for `hosts` (DNS names or IP addresses) into `dir`, creating it. Each file
 /// is replaced atomically (written aside, then renamed), so a server watching them never
@@ -60,51 +139,22 @@ pub fn self_signed(dir: &Path, hosts: &[String]) -> Result<SelfSigned, CertError
     if hosts.is_empty() {
         return Err(CertError::NoHosts);
     }
-    let now = SystemTime::now();
-    let not_before = time::OffsetDateTime::from(now - Duration::from_secs(3600));
-    let not_after = time::OffsetDateTime::from(now + VALIDITY);
-
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, "harness-engine webhook development CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    ca.not_before = not_before;
-    ca.not_after = not_after;
-    ca.serial_number = Some(random_serial());
-    let ca_cert = ca.self_signed(&ca_key)?;
-
-    let leaf_key = KeyPair::generate()?;
-    let mut leaf = CertificateParams::new(hosts.to_vec())?;
-    leaf.distinguished_name
-        .push(DnType::CommonName, hosts[0].clone());
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.not_before = not_before;
-    leaf.not_after = not_after;
-    leaf.serial_number = Some(random_serial());
-    let issuer = Issuer::new(ca, &ca_key);
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
-
+    const CA_NAME: &str = "harness-engine webhook development CA";
+    let ca = new_ca(CA_NAME, VALIDITY)?;
+    let leaf = issue_serving(CA_NAME, &ca.key, hosts, VALIDITY)?;
     std::fs::create_dir_all(dir).map_err(|source| CertError::Write {
         path: dir.display().to_string(),
         source,
     })?;
-    let ca_pem = ca_cert.pem();
     let out = SelfSigned {
         ca_file: dir.join("ca.crt"),
         cert_file: dir.join("tls.crt"),
         key_file: dir.join("tls.key"),
-        ca_pem: ca_pem.clone(),
+        ca_pem: ca.cert.clone(),
     };
-    write_atomically(&out.ca_file, ca_pem.as_bytes(), false)?;
-    write_atomically(&out.key_file, leaf_key.serialize_pem().as_bytes(), true)?;
-    write_atomically(&out.cert_file, leaf_cert.pem().as_bytes(), false)?;
+    write_atomically(&out.ca_file, ca.cert.as_bytes(), false)?;
+    write_atomically(&out.key_file, leaf.key.as_bytes(), true)?;
+    write_atomically(&out.cert_file, leaf.cert.as_bytes(), false)?;
     Ok(out)
 }
 
@@ -115,7 +165,8 @@ fn random_serial() -> SerialNumber {
     SerialNumber::from_slice(&bytes)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> Result<(), CertError> {
+/// Replaces `path` with `bytes` (written aside, synced, renamed), mode 0600 when `private`.
+pub fn write_atomically(path: &Path, bytes: &[u8], private: bool) -> Result<(), CertError> {
     let err = |source| CertError::Write {
         path: path.display().to_string(),
         source,

@@ -34,7 +34,12 @@ impl Operator {
     }
 
     pub fn start(opts: OperatorOptions<'_>) -> Operator {
-        let cp = control_plane();
+        Self::start_with_kubeconfig(opts, &control_plane().kubeconfig)
+    }
+
+    /// [`Operator::start`] with another identity: `kubeconfig` (for example a
+    /// ServiceAccount token bound to the operator's ClusterRole from `config/rbac`).
+    pub fn start_with_kubeconfig(opts: OperatorOptions<'_>, kubeconfig: &Path) -> Operator {
         std::fs::create_dir_all(opts.data_dir).expect("data dir");
         let log = opts.data_dir.join(format!(
             "operator-{}.log",
@@ -44,7 +49,7 @@ impl Operator {
                 .unwrap_or(0)
         ));
         let mut cmd = Command::new(Self::binary());
-        cmd.env("KUBECONFIG", &cp.kubeconfig)
+        cmd.env("KUBECONFIG", kubeconfig)
             .env_remove("WATCH_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .args([

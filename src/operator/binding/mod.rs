@@ -47,10 +47,12 @@ use tracing::Instrument;
 use super::{Context, Error};
 use crate::telemetry::spans::{self, Step as SpanStep, keys};
 use crate::{
-    api::HarnessBinding,
+    api::{BINDING_ID_LABEL, HarnessBinding},
     domain::{ids::BindingId, state::BindingRecord},
-    server::auth::kubernetes::BINDING_ID_LABEL,
 };
+
+/// Moved to [`crate::api::labels`]; kept here for existing imports.
+pub use crate::api::RESUME_ANNOTATION;
 
 pub use reason::Reason;
 
@@ -78,10 +80,6 @@ pub fn truncate_label(v: &str) -> String {
         .trim_end_matches(['-', '.', '_'])
         .to_owned()
 }
-
-/// Annotation a client sets (any RFC 3339 time after the hibernation) to resume a
-/// hibernated binding; the data plane's bind does the same.
-pub const RESUME_ANNOTATION: &str = "harness-engine.dev/resume-requested-at";
 
 // Condition types.
 pub const READY: &str = "Ready";

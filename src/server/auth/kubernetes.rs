@@ -19,7 +19,8 @@
 //!
 //! The server's ServiceAccount needs: `create` tokenreviews and subjectaccessreviews;
 //! `get` pods, `sandboxes.agents.x-k8s.io`, `sandboxclaims.extensions.agents.x-k8s.io`;
-//! `get`/`list` harnessbindings.
+//! `get`/`list` harnessbindings. What a bind does to HarnessBinding objects (create,
+//! resume) is not authentication: [`crate::server::binding_objects`].
 
 use std::{
     collections::HashMap,
@@ -53,8 +54,8 @@ use crate::{
 
 /// Audience every token must carry.
 pub const AUDIENCE: &str = "harness-engine";
-/// Label on a HarnessBinding naming its store binding id (`hb_` and 32 hex digits).
-pub const BINDING_ID_LABEL: &str = "harness-engine.dev/binding-id";
+/// Moved to [`crate::api::labels`]; kept here for existing imports.
+pub use crate::api::BINDING_ID_LABEL;
 pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 pub const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 /// Agent Sandbox: a Sandbox that adopted a warm-pool pod names it here; otherwise the pod
@@ -522,41 +523,6 @@ impl Authenticator for KubernetesAuthenticator {
             // Workers are confined to their own binding by the router's authorization.
             Caller::Worker(_) => Ok(true),
             Caller::Principal { .. } => Ok(false),
-        }
-    }
-
-    async fn bound(&self, caller: &Caller, binding: &BindingId) {
-        let Caller::Service(identity) = caller else {
-            return;
-        };
-        let api: Api<HarnessBinding> = Api::namespaced(self.client.clone(), &identity.namespace);
-        let selector = format!("{BINDING_ID_LABEL}={}", binding.as_str());
-        let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
-            return;
-        };
-        for b in list.items {
-            let hibernated = b
-                .status
-                .as_ref()
-                .is_some_and(|s| s.lifecycle == Some(Lifecycle::Hibernated));
-            if !hibernated {
-                continue;
-            }
-            let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            let patch = serde_json::json!({"metadata": {"annotations": {
-                crate::operator::binding::RESUME_ANNOTATION: now
-            }}});
-            let name = b.metadata.name.clone().unwrap_or_default();
-            if let Err(e) = api
-                .patch(
-                    &name,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await
-            {
-                eprintln!("harness-engine: requesting resume of HarnessBinding {name}: {e}");
-            }
         }
     }
 

@@ -133,11 +133,6 @@ pub trait Authenticator: Send + Sync {
     /// May `caller` act for the end-user `subject`? (Kubernetes: `impersonate` on
     /// `users` named `subject`.)
     async fn may_act_for(&self, caller: &Caller, subject: &str) -> Result<bool, AuthError>;
-
-    /// A bind of `binding` succeeded for `caller`. Kubernetes: if the conversation's
-    /// HarnessBinding is hibernated, ask the operator to resume it (the next bind
-    /// resumes, DESIGN §3). Best effort: a failure never fails the bind.
-    async fn bound(&self, _caller: &Caller, _binding: &BindingId) {}
 }
 
 /// Checks a subject a caller names: 1 to 256 bytes, no control characters. Subjects are
