@@ -23,7 +23,7 @@ use kube::{Resource, ResourceExt};
 use super::{
     EGRESS_CLASS_LABEL, HIBERNATED, PROFILE_ACCEPTED, PROFILE_LABEL, READY, REPLACED,
     RESUME_ANNOTATION, SANDBOX_READY, STATE_DURABLE, WORKER_VERIFIED, WORKLOAD_CLASS_LABEL,
-    observe::{HeadRead, Snapshot},
+    observe::{HeadRead, Snapshot, TurnSeen},
     reason::Reason,
 };
 use crate::{
@@ -1022,6 +1022,7 @@ fn lease_ready(
         ),
     );
     project_head(&mut d, &snap.store.head);
+    project_turn(&mut d, snap.store.turn.as_ref());
     let wait = next_check(lease, resolved, snap.projection_interval, d.now);
     let mut plan = d.write(Next::Requeue(wait));
     plan.tally.push(Tally::Bound);
@@ -1175,6 +1176,14 @@ fn check_ready(
     // idle by those alone, the store's last write of any kind (a harness that keeps its
     // state in objects and streams commits no head).
     let head_at = project_head(&mut d, &snap.store.head);
+    // `busy` while a run is in flight (the run ledger); the mirror stays when not read.
+    let busy = project_turn(&mut d, snap.store.turn.as_ref())
+        .unwrap_or(d.status.lifecycle == Some(Lifecycle::Busy));
+    d.lifecycle(if busy {
+        Lifecycle::Busy
+    } else {
+        Lifecycle::Ready
+    });
     let mut last_active = lease.ready_at.clone().unwrap_or_else(|| d.now.clone());
     for t in [head_at, resume_requested_at(d.binding)]
         .into_iter()
@@ -1186,7 +1195,7 @@ fn check_ready(
     }
     // `never`: no idle rule at all, the lease lives until its maximum lifetime.
     let policy = resolved.profile.spec.hibernation;
-    let hibernates = policy != HibernationPolicy::Never;
+    let hibernates = policy != HibernationPolicy::Never && !busy;
     if hibernates && since(&last_active, d.now) >= resolved.idle_ttl {
         match &snap.store.last_activity {
             None => return Ok(Observe(Need::LastActivity)),
@@ -1340,6 +1349,7 @@ fn maybe_resume(
             return Ok(Observe(Need::Head { force: false }));
         }
         project_head(&mut d, &snap.store.head);
+        project_turn(&mut d, snap.store.turn.as_ref());
         return Ok(Act(d.write(Next::Requeue(Duration::from_secs(300)))));
     }
     if released {
@@ -1401,6 +1411,14 @@ fn resume(mut d: Draft<'_>, resolved: &Resolved, lease: &Lease, sb_name: &str) -
     }
 }
 
+/// Mirrors the store's pending interrupt into `status.pendingInterrupt`; returns
+/// whether a run is in flight (`None`: not read this time, the mirror stays).
+fn project_turn(d: &mut Draft<'_>, turn: Option<&TurnSeen>) -> Option<bool> {
+    let turn = turn?;
+    d.status.pending_interrupt = turn.interrupt.clone();
+    Some(turn.running)
+}
+
 /// Projects the durable head into `status.state`. Returns the head's commit time (for
 /// idleness): the projected one, or the last projection's when none was due.
 fn project_head(d: &mut Draft<'_>, head: &HeadRead) -> Option<Time> {
@@ -1432,7 +1450,7 @@ fn project_head(d: &mut Draft<'_>, head: &HeadRead) -> Option<Time> {
             });
             if uncertain {
                 let message = format!(
-                    "{} run(s) marked uncertain after revision {}: reconcile before the next turn",
+                    "{} run(s) marked uncertain after revision {}: reconcile them (POST /v1/bindings/{{id}}/state/uncertain/reconcile) before the next turn",
                     head.uncertain_runs, head.revision
                 );
                 d.condition(STATE_DURABLE, false, Reason::RunUncertain, message);

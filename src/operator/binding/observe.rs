@@ -14,12 +14,12 @@ use kube::{Api, Resource, ResourceExt};
 use super::decide::{self, Need, PlannedEvent};
 use crate::{
     api::{
-        HarnessBinding, SandboxProfile,
+        HarnessBinding, PendingInterruptSummary, SandboxProfile,
         sandbox::{Sandbox, SandboxClaim},
     },
     domain::{
         ids::BindingId,
-        state::{Durability, StateScope},
+        state::{Durability, PendingInterrupt, StateScope},
     },
     operator::{Caches, Context, Error},
     store::ClearReport,
@@ -71,6 +71,15 @@ pub enum HeadRead {
     Present(HeadSeen),
 }
 
+/// What the store says of the turn in flight, read together with the head.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnSeen {
+    /// A run of the epoch's run ledger has started and not completed (the `busy` signal).
+    pub running: bool,
+    /// The epoch's pending interrupt, summarized for `status.pendingInterrupt`.
+    pub interrupt: Option<PendingInterruptSummary>,
+}
+
 /// The store, as far as this reconcile read it.
 #[derive(Clone, Debug)]
 pub struct StoreSeen {
@@ -79,6 +88,8 @@ pub struct StoreSeen {
     /// The generation the store fences (0 without a record); `None`: not read.
     pub fenced_generation: Option<i64>,
     pub head: HeadRead,
+    /// Read with the head when it was due; `None`: not read (the status keeps its mirror).
+    pub turn: Option<TurnSeen>,
     /// When the store last saw any write to the binding; `None`: not read.
     pub last_activity: Option<Option<Time>>,
 }
@@ -180,6 +191,7 @@ pub async fn snapshot(
             fence_raised: fence.is_some_and(|f| ctx.fence_raised(id.as_str(), f)),
             fenced_generation: None,
             head: HeadRead::NotRead,
+            turn: None,
             last_activity: None,
         },
         profile_claims: None,
@@ -274,7 +286,9 @@ pub async fn more(
                 .unwrap_or(name);
             snap.live_pod = Some(pods.get_opt(&pod_name).await?);
         }
-        Need::Head { force } => snap.store.head = read_head(binding, ctx, &snap.id, force).await,
+        Need::Head { force } => {
+            (snap.store.head, snap.store.turn) = read_head(binding, ctx, &snap.id, force).await;
+        }
         Need::LastActivity => {
             let ms = ctx
                 .store
@@ -370,16 +384,17 @@ async fn live_lease(binding: &HarnessBinding, ctx: &Context) -> Result<Objects, 
     })
 }
 
-/// The durable head (rate-limited per binding unless `force`). A store failure is
-/// logged and leaves the projection as it was: it is a mirror, the store the truth.
+/// The durable head and the turn in flight (rate-limited per binding unless `force`).
+/// A store failure is logged and leaves the projection as it was: it is a mirror, the
+/// store the truth.
 async fn read_head(
     binding: &HarnessBinding,
     ctx: &Context,
     id: &BindingId,
     force: bool,
-) -> HeadRead {
+) -> (HeadRead, Option<TurnSeen>) {
     if !force && !ctx.projection_due(&binding.uid().unwrap_or_default()) {
-        return HeadRead::NotDue;
+        return (HeadRead::NotDue, None);
     }
     let lease = binding.status.as_ref().and_then(|s| s.lease.as_ref());
     let scope = StateScope {
@@ -392,7 +407,7 @@ async fn read_head(
             .map(|l| u64::try_from(l.generation).unwrap_or(0))
             .unwrap_or(0),
     };
-    match ctx.store.load_head(&scope).await {
+    let head = match ctx.store.load_head(&scope).await {
         Ok(None) => HeadRead::Absent,
         Ok(Some(head)) => HeadRead::Present(HeadSeen {
             revision: head.revision,
@@ -402,9 +417,46 @@ async fn read_head(
         }),
         Err(e) => {
             tracing::warn!(binding_id = id.as_str(), "projecting state: {e}");
-            HeadRead::Unavailable
+            return (HeadRead::Unavailable, None);
         }
-    }
+    };
+    (head, read_turn(ctx, id, &scope).await)
+}
+
+/// The run ledger's open runs and the pending interrupt of the scope's epoch.
+async fn read_turn(ctx: &Context, id: &BindingId, scope: &StateScope) -> Option<TurnSeen> {
+    let interrupt = match ctx.store.pending_interrupt(scope).await {
+        Ok(i) => i.and_then(|i| interrupt_summary(&i)),
+        Err(e) => {
+            tracing::warn!(
+                binding_id = id.as_str(),
+                "projecting the pending interrupt: {e}"
+            );
+            return None;
+        }
+    };
+    let running = match ctx.store.ledger_state(scope).await {
+        Ok(state) => state
+            .runs
+            .values()
+            .any(|r| r.status == crate::domain::ledger::RunStatus::Running),
+        Err(e) => {
+            tracing::warn!(binding_id = id.as_str(), "reading the run ledger: {e}");
+            return None;
+        }
+    };
+    Some(TurnSeen { running, interrupt })
+}
+
+/// The status summary of a stored interrupt (`None` for a type the CRD does not list).
+pub fn interrupt_summary(i: &PendingInterrupt) -> Option<PendingInterruptSummary> {
+    Some(PendingInterruptSummary {
+        interrupt_id: i.interrupt_id.clone(),
+        kind: serde_json::from_value(serde_json::Value::String(i.kind.clone())).ok()?,
+        run_id: i.run_id.clone(),
+        revision: i64::try_from(i.revision).unwrap_or(i64::MAX),
+        created_at: Timestamp::from_millisecond(i.created_at_ms).ok().map(Time),
+    })
 }
 
 pub fn store_err(e: crate::store::StoreError) -> Error {

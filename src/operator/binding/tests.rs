@@ -235,6 +235,7 @@ fn snap(cached: Objects) -> Snapshot {
             fence_raised: true,
             fenced_generation: None,
             head: HeadRead::NotRead,
+            turn: None,
             last_activity: None,
         },
         profile_claims: None,
@@ -251,6 +252,8 @@ struct World {
     last_activity: Option<Time>,
     /// Live claims other bindings hold with the profile.
     profile_claims: usize,
+    /// The turn in flight, read with the head.
+    turn: Option<observe::TurnSeen>,
 }
 
 fn world(live: Objects) -> World {
@@ -260,6 +263,7 @@ fn world(live: Objects) -> World {
         head: HeadRead::NotDue,
         last_activity: None,
         profile_claims: 0,
+        turn: None,
     }
 }
 
@@ -287,7 +291,10 @@ fn run(b: &HarnessBinding, mut s: Snapshot, w: &World) -> (Result<Plan, Error>, 
                     Need::LiveLeaseObjects => s.live_lease = Some(w.live.clone()),
                     Need::LiveSandbox => s.live_sandbox = Some(w.live.sandbox.clone()),
                     Need::LivePod => s.live_pod = Some(w.live.pod.clone()),
-                    Need::Head { .. } => s.store.head = w.head.clone(),
+                    Need::Head { .. } => {
+                        s.store.head = w.head.clone();
+                        s.store.turn = w.turn.clone();
+                    }
                     Need::LastActivity => s.store.last_activity = Some(w.last_activity.clone()),
                     Need::ProfileClaims => s.profile_claims = Some(w.profile_claims),
                 }
@@ -1662,4 +1669,117 @@ fn claims_carry_the_profile_labels_and_count_per_profile() {
         n, 2,
         "other bindings' live claims of this profile in this namespace"
     );
+}
+
+/// `busy` while the run ledger has a run in flight, `Ready` after; `status.pendingInterrupt`
+/// mirrors the store's; neither moves when the head (and with it the turn) was not read.
+#[test]
+fn busy_and_the_pending_interrupt_mirror_the_turn_in_flight() {
+    let running = |running: bool, interrupt: Option<crate::api::PendingInterruptSummary>| World {
+        head: HeadRead::Absent,
+        turn: Some(observe::TurnSeen { running, interrupt }),
+        ..world(Objects::default())
+    };
+    let approval = crate::api::PendingInterruptSummary {
+        interrupt_id: "int-1".into(),
+        kind: crate::api::binding::InterruptType::ToolApproval,
+        run_id: "run-1".into(),
+        revision: 3,
+        created_at: Some(at(9_990)),
+    };
+    let cases = vec![
+        Case {
+            name: "a run in flight: busy, and not hibernated though idle past the TTL",
+            binding: binding(Some(bound(Lifecycle::Ready, at(0)))),
+            snap: snap(all_cached()),
+            world: running(true, None),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Busy)),
+                effects: Some(vec![]),
+                events: Some(vec![]),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "the run completed: Ready again",
+            binding: binding(Some(bound(Lifecycle::Busy, at(9_000)))),
+            snap: snap(all_cached()),
+            world: running(false, None),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Ready)),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "busy, head not due: the mirror stays busy",
+            binding: binding(Some(bound(Lifecycle::Busy, at(9_000)))),
+            snap: snap(all_cached()),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Busy)),
+                ..Default::default()
+            },
+        },
+    ];
+    for case in cases {
+        check(case);
+    }
+    let decide_with = |status: HarnessBindingStatus, w: &World| {
+        let (plan, _) = run(&binding(Some(status)), snap(all_cached()), w);
+        plan.ok()
+            .and_then(|p| p.status)
+            .and_then(|s| s.pending_interrupt)
+    };
+    let ready = bound(Lifecycle::Ready, at(9_000));
+    assert_eq!(
+        decide_with(ready.clone(), &running(false, Some(approval.clone()))),
+        Some(approval.clone()),
+        "the store's pending interrupt is mirrored"
+    );
+    let mut waiting = ready;
+    waiting.pending_interrupt = Some(approval.clone());
+    assert_eq!(
+        decide_with(waiting.clone(), &running(false, None)),
+        None,
+        "a resumed interrupt leaves the status"
+    );
+    assert_eq!(
+        decide_with(waiting, &world(Objects::default())),
+        Some(approval),
+        "not read: the mirror stays"
+    );
+    // A hibernated lease mirrors it too (a question can wait across hibernation).
+    let (plan, _) = run(
+        &binding(Some(hibernated())),
+        snap(Objects::default()),
+        &running(false, None),
+    );
+    assert!(plan.is_ok_and(|p| p.status.is_some_and(|s| s.pending_interrupt.is_none())));
+}
+
+#[test]
+fn a_stored_interrupt_is_summarized_for_the_status() {
+    let stored = crate::domain::state::PendingInterrupt {
+        interrupt_id: "int-9".into(),
+        kind: "form_input".into(),
+        run_id: "run-9".into(),
+        namespace: vec![],
+        agent_id: "agent".into(),
+        allowed_decisions: vec!["respond".into()],
+        revision: 4,
+        created_at_ms: at(100).0.as_millisecond(),
+        body: json!({"prompt": "never in the status"}),
+    };
+    let summary = observe::interrupt_summary(&stored).unwrap();
+    assert_eq!(summary.interrupt_id, "int-9");
+    assert_eq!(summary.kind, crate::api::binding::InterruptType::FormInput);
+    assert_eq!((summary.revision, summary.created_at), (4, Some(at(100))));
+    let odd = crate::domain::state::PendingInterrupt {
+        kind: "other".into(),
+        ..stored
+    };
+    assert_eq!(observe::interrupt_summary(&odd), None);
 }
