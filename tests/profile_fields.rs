@@ -10,7 +10,8 @@
 //!   after it claims a new sandbox at a new generation;
 //! - `runtimeClassName`: a template without it makes the profile not Ready;
 //! - `busy` and `status.pendingInterrupt` follow the data plane; a worker cannot clear
-//!   an uncertain run.
+//!   an uncertain run, a backend service acting for the user can, and `StateDurable`
+//!   follows.
 
 mod common;
 
@@ -22,6 +23,7 @@ use common::{
 };
 use harness_engine::{
     api::{HarnessBinding, Lifecycle, SandboxProfile, conditions, sandbox::SandboxClaim},
+    domain::ids::Keyring,
     operator::binding::{
         BINDING_UID_LABEL, EGRESS_CLASS_LABEL, PROFILE_LABEL, RESUME_ANNOTATION,
         WORKLOAD_CLASS_LABEL,
@@ -31,10 +33,11 @@ use harness_engine::{
 use k8s_openapi::api::{
     authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
+    rbac::v1::{Role, RoleBinding},
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 
@@ -350,7 +353,43 @@ async fn worker_call(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
     let fx = Fixture::new("prof-busy").await;
-    let mut op = fx.operator();
+    // The sample re-created for alice, with a known identity key, so that a backend
+    // service can act for her (the uncertain run's clear at the end).
+    let key = b"profile-e2e-identity-key-0123456789abcdef".to_vec();
+    let key_file = fx.dir.path().join("identity.key");
+    std::fs::write(&key_file, &key).expect("key file");
+    let keyring = Keyring::new(key, "e2e").expect("keyring");
+    let sample = fx.binding(FIRST).await;
+    fx.bindings()
+        .delete(FIRST, &DeleteParams::default())
+        .await
+        .expect("delete the sample");
+    eventually(Duration::from_secs(30), "sample gone", || async {
+        fx.bindings()
+            .get_opt(FIRST)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let mut spec = sample.spec.clone();
+    spec.subject_ref = keyring.subject_ref("user:alice").as_str().to_owned();
+    fx.bindings()
+        .create(&PostParams::default(), &HarnessBinding::new(FIRST, spec))
+        .await
+        .expect("binding for alice");
+    let mut op = Operator::start(OperatorOptions {
+        namespace: fx.ns(),
+        data_dir: &fx.dir.path().join("data"),
+        leader_lease_seconds: None,
+        extra: vec![
+            "--state-projection-seconds".into(),
+            "1".into(),
+            "--identity-key-file".into(),
+            key_file.display().to_string(),
+        ],
+    });
     let http = reqwest::Client::new();
     let b = fx.until(FIRST, "binding Ready", ready).await;
     let token = fx.worker_token(&b).await;
@@ -463,6 +502,72 @@ async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
             .is_some_and(|m| m.contains("a control-plane service reconciles it")),
         "{body}"
     );
+
+    // A backend service (RBAC on harnessbindings, impersonating alice) clears it: the
+    // condition follows.
+    let backend = backend_token(&fx).await;
+    let _impersonation =
+        common::Impersonation::create(&fx.client, &format!("{}-act-for-alice", fx.ns()), fx.ns())
+            .await;
+    let id = b
+        .labels()
+        .get(BINDING_ID_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let resp = http
+        .post(format!(
+            "{}/v1/bindings/{id}/state/uncertain/reconcile",
+            op.api
+        ))
+        .bearer_auth(&backend)
+        .header("Harness-Subject", "user:alice")
+        .json(&json!({"run_id": "run-3"}))
+        .send()
+        .await
+        .expect("reconcile");
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 200, "{body}\n{}", op.log_text());
+    assert_eq!(body["uncertain_runs"], json!([]));
+    fx.until(FIRST, "StateDurable=True after the clear", |b| {
+        condition(b, "StateDurable").is_some_and(|(s, _)| s == "True")
+    })
+    .await;
     op.stop();
     drop_finalizers(fx.ns());
+}
+
+/// A token of a `backend` ServiceAccount that may get and update harnessbindings in the
+/// namespace (the impersonation of alice is [`common::Impersonation`]).
+async fn backend_token(fx: &Fixture) -> String {
+    let ns = fx.ns().to_owned();
+    let sas: Api<ServiceAccount> = Api::namespaced(fx.client.clone(), &ns);
+    sas.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "backend"}})).expect("sa"),
+    )
+    .await
+    .expect("service account");
+    Api::<Role>::namespaced(fx.client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "bindings"}, "rules": [{"apiGroups": ["harness-engine.dev"], "resources": ["harnessbindings"], "verbs": ["get", "update"]}]})).expect("role"))
+        .await
+        .expect("role");
+    Api::<RoleBinding>::namespaced(fx.client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "backend"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bindings"}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})).expect("role binding"))
+        .await
+        .expect("role binding");
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec!["harness-engine".into()]),
+            expiration_seconds: Some(600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    sas.create_token_request("backend", &PostParams::default(), &request)
+        .await
+        .expect("token request")
+        .status
+        .and_then(|s| s.token)
+        .expect("token")
 }
