@@ -223,6 +223,7 @@ async fn a_turn_over_http_follows_the_commit_protocol() {
             Method::POST,
             &format!("/v1/bindings/{binding}/state/uncertain/reconcile"),
         )
+        .header("Idempotency-Key", "reconcile-run-2")
         .json(&json!({"run_id": "run-2"}))
     };
     let cleared = send(reconcile()).await;

@@ -521,6 +521,7 @@ async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
         ))
         .bearer_auth(&backend)
         .header("Harness-Subject", "user:alice")
+        .header("Idempotency-Key", "reconcile-run-3")
         .json(&json!({"run_id": "run-3"}))
         .send()
         .await

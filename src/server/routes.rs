@@ -919,16 +919,18 @@ pub struct ReconcileBody {
 /// Clear an uncertain run after someone reconciled it (checked what reached the user,
 /// committed or dropped it): new commits may go ahead again. Control-plane callers only
 /// (a sandbox worker gets 403: the worker that failed to commit does not decide its own
-/// uncertainty is resolved). An unknown or already cleared run is 404. The binding's
+/// uncertainty is resolved). An unknown or already cleared run is 404, so a retry of a
+/// clear that succeeded answers 404 too (the key is required as on every write). The binding's
 /// `StateDurable` condition returns to True at the operator's next state projection.
 #[utoipa::path(post, path = "/v1/bindings/{binding_id}/state/uncertain/reconcile", tag = "state",
-    params(BindingIdParam, OptionalEpochHeader, SubjectParam),
+    params(BindingIdParam, IdempotencyHeader, OptionalEpochHeader, SubjectParam),
     request_body = ReconcileBody,
     responses((status = 200, description = "The runs still uncertain", body = UncertainRuns)))]
 async fn reconcile_uncertain(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     BindingPath(id): BindingPath,
+    _key: IdempotencyKey,
     OptionalEpoch(epoch): OptionalEpoch,
     SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<ReconcileBody>,
