@@ -251,7 +251,7 @@ spec:
   adapterVersion: "1.0.0"
   workerProtocolVersions: [1]
   egressPolicyClass: data-plane-only
-  timeouts: {{claimReadinessDeadline: 10m, turnTimeout: 15m, idleTTL: 6h, maxLifetime: 12h}}
+  timeouts: {{claimReadinessDeadline: 10m, idleTTL: 6h, maxLifetime: 12h}}
   hibernation: never
 "#
                 ));

@@ -62,6 +62,6 @@ fn every_operation_documents_auth_errors_and_trace_context() {
             );
         }
     }
-    // 24 state, object, stream, interrupt and memory operations; 6 run-ledger operations.
-    assert_eq!(operations, 30, "operations in the document");
+    // 25 state, object, stream, interrupt and memory operations; 6 run-ledger operations.
+    assert_eq!(operations, 31, "operations in the document");
 }

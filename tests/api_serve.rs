@@ -216,6 +216,30 @@ async fn a_turn_over_http_follows_the_commit_protocol() {
         2,
         "other runs go on"
     );
+
+    // Someone reconciled run-2 (checked what the user saw): a control-plane call clears it.
+    let reconcile = || {
+        api.req(
+            Method::POST,
+            &format!("/v1/bindings/{binding}/state/uncertain/reconcile"),
+        )
+        .header("Idempotency-Key", "reconcile-run-2")
+        .json(&json!({"run_id": "run-2"}))
+    };
+    let cleared = send(reconcile()).await;
+    assert_eq!(
+        cleared.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&cleared.body)
+    );
+    assert_eq!(cleared.json()["uncertain_runs"], json!([]));
+    let again = send(reconcile()).await;
+    assert_eq!(
+        (again.status, again.code().as_str()),
+        (404, "not_found"),
+        "a run that is not uncertain cannot be cleared"
+    );
 }
 
 #[tokio::test]

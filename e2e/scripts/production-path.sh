@@ -151,7 +151,7 @@ spec:
   adapterVersion: "1.0.0"
   workerProtocolVersions: [1]
   egressPolicyClass: data-plane-only
-  timeouts: {claimReadinessDeadline: 2m, turnTimeout: 15m, idleTTL: 6h, maxLifetime: 12h}
+  timeouts: {claimReadinessDeadline: 2m, idleTTL: 6h, maxLifetime: 12h}
   hibernation: never
 EOF2
 

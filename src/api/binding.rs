@@ -207,7 +207,9 @@ pub struct HarnessBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<StateProjection>,
 
-    /// The interrupt waiting for input, if any (a summary: the body stays in the store).
+    /// The interrupt waiting for input, if any (a summary: the body stays in the store),
+    /// mirrored from the store's pending interrupt of the current epoch at the state
+    /// projection's cadence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_interrupt: Option<PendingInterruptSummary>,
 }
@@ -221,7 +223,9 @@ pub enum Lifecycle {
     Claiming,
     /// The worker is verified and can take a turn.
     Ready,
-    /// A turn is running.
+    /// A turn is running: the epoch's run ledger has a run started and not completed
+    /// (mirrored at the state projection's cadence, `--state-projection-seconds`). A
+    /// busy lease is never hibernated.
     Busy,
     /// The sandbox is suspended after its idle TTL; the next bind resumes it.
     Hibernated,

@@ -82,16 +82,22 @@ pub struct SandboxProfileSpec {
     pub worker_protocol_versions: Vec<i32>,
 
     /// Workload or risk class, for platform reporting (for example `standard`, `untrusted-code`).
+    /// Every SandboxClaim of the profile carries it as label
+    /// `harness-engine.dev/workload-class`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 63))]
     pub workload_class: Option<String>,
 
-    /// RuntimeClass (isolation level) the warm pool's template must use, if any.
+    /// RuntimeClass (isolation level) the warm pool's template must use, if any. The
+    /// profile is Ready only when the template's pod spec names exactly this
+    /// `runtimeClassName` (reason `RuntimeClassMismatch` otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub runtime_class_name: Option<String>,
 
-    /// Resource and concurrency limits of one worker.
+    /// Resource and concurrency limits. Only `maxActiveLeases` is supported; the
+    /// admission webhook refuses the others (not supported yet: worker resources are set
+    /// in the SandboxTemplate, which a SandboxClaim cannot override).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<SandboxLimits>,
 
@@ -99,12 +105,15 @@ pub struct SandboxProfileSpec {
     #[serde(default)]
     pub timeouts: SandboxTimeouts,
 
-    /// Workspace (sandbox filesystem) policy.
+    /// Workspace (sandbox filesystem) policy. Only the default (`mode: ephemeral`, no
+    /// `sizeLimit`) is supported; the admission webhook refuses the others.
     #[serde(default)]
     pub workspace: WorkspacePolicy,
 
     /// Name of the platform-defined egress policy class the template's network policy
-    /// implements (for example `data-plane-only`).
+    /// implements (for example `data-plane-only`). Not enforced by Harness Engine: every
+    /// SandboxClaim of the profile carries it as label
+    /// `harness-engine.dev/egress-policy-class`, for the platform's admission and audit.
     #[schemars(
         length(min = 1, max = 63),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -147,24 +156,28 @@ pub struct WarmPoolReference {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxLimits {
-    /// CPU limit of the worker container.
+    /// CPU limit of the worker container. Not supported yet (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Quantity>,
-    /// Memory limit of the worker container.
+    /// Memory limit of the worker container. Not supported yet (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
-    /// Ephemeral storage limit.
+    /// Ephemeral storage limit. Not supported yet (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_storage: Option<Quantity>,
-    /// Maximum number of processes.
+    /// Maximum number of processes. Not supported yet (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub pids: Option<i64>,
-    /// Maximum number of leases held at once with this profile.
+    /// Maximum number of leases holding a SandboxClaim at once with this profile. A
+    /// binding that needs a first claim (or a claim after an idle release) beyond it waits
+    /// with `Ready=False`, reason `MaxActiveLeasesReached`; a replacement of a held lease
+    /// is never refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_active_leases: Option<i32>,
-    /// Maximum concurrent turns one worker runs (conversations are one turn at a time).
+    /// Maximum concurrent turns one worker runs. Not supported yet (refused): the data
+    /// plane has no per-worker turn count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 64))]
     pub max_concurrent_turns: Option<i32>,
@@ -178,10 +191,11 @@ pub struct SandboxTimeouts {
     #[serde(default = "default_claim_deadline")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub claim_readiness_deadline: String,
-    /// Longest single turn.
-    #[serde(default = "default_turn_timeout")]
+    /// Longest single turn. Not supported yet (refused when set): the data plane does
+    /// not end a turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
-    pub turn_timeout: String,
+    pub turn_timeout: Option<String>,
     /// Idle time after which the lease hibernates (see `hibernation`).
     #[serde(default = "default_idle_ttl")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
@@ -197,7 +211,7 @@ impl Default for SandboxTimeouts {
     fn default() -> Self {
         SandboxTimeouts {
             claim_readiness_deadline: default_claim_deadline(),
-            turn_timeout: default_turn_timeout(),
+            turn_timeout: None,
             idle_ttl: default_idle_ttl(),
             max_lifetime: default_max_lifetime(),
         }
@@ -206,9 +220,6 @@ impl Default for SandboxTimeouts {
 
 fn default_claim_deadline() -> String {
     "2m".into()
-}
-fn default_turn_timeout() -> String {
-    "15m".into()
 }
 fn default_idle_ttl() -> String {
     "30m".into()
@@ -221,11 +232,11 @@ fn default_max_lifetime() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspacePolicy {
-    /// `ephemeral` (lost with the pod) or `persistentVolumeClaim` (kept per lease by
-    /// the template's volume claim).
+    /// `ephemeral` (lost with the pod). `persistentVolumeClaim` is not supported yet
+    /// (refused).
     #[serde(default)]
     pub mode: WorkspaceMode,
-    /// Size limit of the workspace.
+    /// Size limit of the workspace. Not supported yet (refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_limit: Option<Quantity>,
 }
@@ -247,9 +258,10 @@ pub enum HibernationPolicy {
     /// the next bind resumes it under the same lease generation.
     #[default]
     Suspend,
-    /// Release the sandbox after the idle TTL; the next bind claims a new one.
+    /// Release (delete) the SandboxClaim after the idle TTL; the next bind claims a new
+    /// sandbox at a new lease generation.
     Release,
-    /// Keep the sandbox running until its maximum lifetime.
+    /// Never hibernate: keep the sandbox running until its maximum lifetime.
     Never,
 }
 

@@ -89,8 +89,8 @@ async fn check(
 }
 
 /// What a profile requires of the template its warm pool stamps pods from: every
-/// container pinned by a digest the profile allows, and a declared worker protocol
-/// version it accepts. A refusal is (reason, message).
+/// container pinned by a digest the profile allows, the profile's `runtimeClassName`
+/// when it names one, and a declared worker protocol version it accepts. A refusal is (reason, message).
 fn check_template(
     spec: &crate::api::SandboxProfileSpec,
     template: &SandboxTemplate,
@@ -121,6 +121,17 @@ fn check_template(
                 ),
             ));
         }
+    }
+    if let Some(want) = &spec.runtime_class_name
+        && pod.spec.runtime_class_name.as_deref() != Some(want.as_str())
+    {
+        return Err((
+            "RuntimeClassMismatch",
+            format!(
+                "SandboxTemplate {template_name} runs with runtimeClassName {:?}; the profile requires {want:?}",
+                pod.spec.runtime_class_name.as_deref().unwrap_or("")
+            ),
+        ));
     }
     let declared = pod
         .metadata
@@ -251,8 +262,7 @@ mod tests {
             "adapterVersion": "1.0.0",
             "workerProtocolVersions": [1],
             "egressPolicyClass": "data-plane-only",
-            "timeouts": {"claimReadinessDeadline": "2m", "turnTimeout": "15m",
-                         "idleTTL": "30m", "maxLifetime": "12h"}
+            "timeouts": {"claimReadinessDeadline": "2m", "idleTTL": "30m", "maxLifetime": "12h"}
         }))
         .expect("spec")
     }
@@ -296,5 +306,41 @@ mod tests {
                 assert!(message.contains("SandboxTemplate t"), "{message}");
             }
         }
+    }
+
+    /// `runtimeClassName`: the template must run with exactly the class the profile names.
+    #[test]
+    fn a_profile_runtime_class_must_be_the_templates() {
+        let pinned = format!("busybox@{DIGEST}");
+        let with_class = |class: Option<&str>| {
+            let mut t = template(&pinned, Some("1"));
+            t.spec.pod_template.spec.runtime_class_name = class.map(Into::into);
+            t
+        };
+        let mut gvisor = spec();
+        gvisor.runtime_class_name = Some("gvisor".into());
+        let cases = [
+            (&spec(), None, None),
+            (&spec(), Some("kata"), None),
+            (&gvisor, Some("gvisor"), None),
+            (&gvisor, None, Some("RuntimeClassMismatch")),
+            (&gvisor, Some("runc"), Some("RuntimeClassMismatch")),
+        ];
+        for (profile, class, want) in cases {
+            let got = check_template(profile, &with_class(class), "t");
+            assert_eq!(
+                got.as_ref().err().map(|(reason, _)| *reason),
+                want,
+                "{class:?}: {got:?}"
+            );
+        }
+        let message = check_template(&gvisor, &with_class(Some("runc")), "t")
+            .err()
+            .map(|(_, m)| m)
+            .unwrap_or_default();
+        assert!(
+            message.contains("runtimeClassName \"runc\"; the profile requires \"gvisor\""),
+            "{message}"
+        );
     }
 }

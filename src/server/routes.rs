@@ -47,6 +47,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_streams, delete_stream))
         .routes(routes!(get_interrupt))
         .routes(routes!(resume_interrupt))
+        .routes(routes!(reconcile_uncertain))
         .merge(super::memory_routes::router())
 }
 
@@ -902,4 +903,57 @@ async fn resume_interrupt(
     );
     let outcome = traced(span, state.store().resume(&scope, &request)).await?;
     Ok(Json(outcome.into()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Clearing an uncertain run
+
+/// The run whose uncertainty a control-plane service clears.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileBody {
+    /// The run marked uncertain (`POST .../state/uncertain`).
+    pub run_id: String,
+}
+
+/// Clear an uncertain run after someone reconciled it (checked what reached the user,
+/// committed or dropped it): new commits may go ahead again. Control-plane callers only
+/// (a sandbox worker gets 403: the worker that failed to commit does not decide its own
+/// uncertainty is resolved). An unknown or already cleared run is 404, so a retry of a
+/// clear that succeeded answers 404 too (the key is required as on every write). The binding's
+/// `StateDurable` condition returns to True at the operator's next state projection.
+#[utoipa::path(post, path = "/v1/bindings/{binding_id}/state/uncertain/reconcile", tag = "state",
+    params(BindingIdParam, IdempotencyHeader, OptionalEpochHeader, SubjectParam),
+    request_body = ReconcileBody,
+    responses((status = 200, description = "The runs still uncertain", body = UncertainRuns)))]
+async fn reconcile_uncertain(
+    State(state): State<AppState>,
+    Authenticated(caller): Authenticated,
+    BindingPath(id): BindingPath,
+    _key: IdempotencyKey,
+    OptionalEpoch(epoch): OptionalEpoch,
+    SubjectHeader(named): SubjectHeader,
+    ApiJson(body): ApiJson<ReconcileBody>,
+) -> Result<Json<UncertainRuns>, ApiError> {
+    if matches!(caller, super::auth::Caller::Worker(_)) {
+        return Err(ApiError::forbidden(
+            "a sandbox worker cannot clear an uncertain run: a control-plane service reconciles it",
+        ));
+    }
+    let record = authz::binding(&state, &caller, &id, BindingVerb::Update, named).await?;
+    let scope = authz::control_scope(&state, &record, epoch);
+    key_rule(&state, "run_id", &body.run_id)?;
+    let span = step_span(
+        Step::ThreadStateWrite,
+        "state.reconcile",
+        &record.binding_id,
+    );
+    let runs = traced(span, async {
+        state.store().reconcile_run(&scope, &body.run_id).await?;
+        state.store().uncertain_runs(&scope).await
+    })
+    .await?;
+    Ok(Json(UncertainRuns {
+        uncertain_runs: runs.into_iter().map(Into::into).collect(),
+    }))
 }

@@ -1,11 +1,13 @@
-//! `SandboxProfile` rules: the timeouts parse and fit inside the lease lifetime, and the
+//! `SandboxProfile` rules: the timeouts parse and fit inside the lease lifetime, the
 //! warm pool lives in the profile's own namespace (a `SandboxClaim`'s `warmPoolRef` names
-//! a pool in the claim's namespace, and a profile must not reach into another team's).
+//! a pool in the claim's namespace, and a profile must not reach into another team's),
+//! and every field Harness Engine does not apply yet is refused with a message that
+//! says so, instead of being accepted and ignored (docs/crds.md lists which).
 
 use std::time::Duration;
 
 use super::Violation;
-use crate::api::SandboxProfileSpec;
+use crate::api::{SandboxProfileSpec, profile::WorkspaceMode};
 use crate::domain::duration;
 
 /// Checks a profile in `namespace`.
@@ -30,7 +32,6 @@ pub fn validate(namespace: &str, spec: &SandboxProfileSpec) -> Vec<Violation> {
         }
     };
     let claim = timeout("claimReadinessDeadline", &t.claim_readiness_deadline);
-    let turn = timeout("turnTimeout", &t.turn_timeout);
     let idle = timeout("idleTTL", &t.idle_ttl);
     let max = timeout("maxLifetime", &t.max_lifetime);
 
@@ -58,17 +59,6 @@ pub fn validate(namespace: &str, spec: &SandboxProfileSpec) -> Vec<Violation> {
                 ),
             ));
         }
-        if let Some(turn) = turn
-            && turn > max
-        {
-            violations.push(Violation::invalid(
-                "spec.timeouts.turnTimeout",
-                format!(
-                    "{} must not exceed spec.timeouts.maxLifetime ({shown}): no turn can outlive the lease it runs in",
-                    duration::display(turn)
-                ),
-            ));
-        }
     }
 
     if let Some(pool_namespace) = &spec.warm_pool_ref.namespace
@@ -81,7 +71,51 @@ pub fn validate(namespace: &str, spec: &SandboxProfileSpec) -> Vec<Violation> {
             ),
         ));
     }
+    violations.extend(unsupported(spec));
     violations
+}
+
+/// Fields the schema declares but Harness Engine does not apply yet: each is refused,
+/// naming the field and why, so that no profile says more than it does.
+fn unsupported(spec: &SandboxProfileSpec) -> Vec<Violation> {
+    const TEMPLATE: &str = "worker resources come from the warm pool's SandboxTemplate, which a SandboxClaim cannot override; set them in the template";
+    let mut set = Vec::new();
+    if let Some(l) = &spec.limits {
+        for (field, present) in [
+            ("cpu", l.cpu.is_some()),
+            ("memory", l.memory.is_some()),
+            ("ephemeralStorage", l.ephemeral_storage.is_some()),
+            ("pids", l.pids.is_some()),
+        ] {
+            if present {
+                set.push((format!("spec.limits.{field}"), TEMPLATE));
+            }
+        }
+        if l.max_concurrent_turns.is_some() {
+            set.push((
+                "spec.limits.maxConcurrentTurns".into(),
+                "the data plane has no per-worker turn count to enforce it with; leave it unset",
+            ));
+        }
+    }
+    if spec.timeouts.turn_timeout.is_some() {
+        set.push((
+            "spec.timeouts.turnTimeout".into(),
+            "the data plane does not end a turn; bound turns in the harness and leave it unset",
+        ));
+    }
+    if spec.workspace.mode != WorkspaceMode::Ephemeral {
+        set.push((
+            "spec.workspace.mode".into(),
+            "only `ephemeral` is supported; a persistent workspace needs a volume claim in the SandboxTemplate",
+        ));
+    }
+    if spec.workspace.size_limit.is_some() {
+        set.push(("spec.workspace.sizeLimit".into(), TEMPLATE));
+    }
+    set.into_iter()
+        .map(|(field, why)| Violation::invalid(field, format!("is not supported yet: {why}")))
+        .collect()
 }
 
 #[cfg(test)]
@@ -101,11 +135,11 @@ pub(crate) mod tests {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn with_timeouts(claim: &str, turn: &str, idle: &str, max: &str) -> SandboxProfileSpec {
+    fn with_timeouts(claim: &str, idle: &str, max: &str) -> SandboxProfileSpec {
         let mut spec = profile_spec();
         spec.timeouts = SandboxTimeouts {
             claim_readiness_deadline: claim.into(),
-            turn_timeout: turn.into(),
+            turn_timeout: None,
             idle_ttl: idle.into(),
             max_lifetime: max.into(),
         };
@@ -119,29 +153,27 @@ pub(crate) mod tests {
     #[test]
     fn defaults_and_sensible_timeouts_pass() {
         assert!(validate("team-a", &profile_spec()).is_empty());
-        assert!(validate("team-a", &with_timeouts("90s", "15m", "1h30m", "12h")).is_empty());
-        // A turn may take the whole lifetime, no more.
-        assert!(validate("team-a", &with_timeouts("1m", "2h", "30m", "2h")).is_empty());
+        assert!(validate("team-a", &with_timeouts("90s", "1h30m", "12h")).is_empty());
     }
 
     #[test]
     fn unparsable_or_zero_timeouts_name_their_field() {
-        let v = validate("ns", &with_timeouts("soon", "15m", "30m", "12h"));
+        let v = validate("ns", &with_timeouts("soon", "30m", "12h"));
         assert_eq!(fields(&v), ["spec.timeouts.claimReadinessDeadline"]);
         assert!(v[0].message.contains("\"soon\" is not a duration"));
 
-        let v = validate("ns", &with_timeouts("2m", "0s", "30m", "12h"));
-        assert_eq!(fields(&v), ["spec.timeouts.turnTimeout"]);
+        let v = validate("ns", &with_timeouts("2m", "0s", "12h"));
+        assert_eq!(fields(&v), ["spec.timeouts.idleTTL"]);
         assert!(v[0].message.contains("longer than zero"));
 
-        let v = validate("ns", &with_timeouts("2m", "15m", "30m", "1d"));
+        let v = validate("ns", &with_timeouts("2m", "30m", "1d"));
         assert_eq!(fields(&v), ["spec.timeouts.maxLifetime"]);
     }
 
     #[test]
     fn idle_ttl_must_be_shorter_than_max_lifetime() {
         for (idle, max) in [("2h", "1h"), ("1h", "1h"), ("90m", "1h30m")] {
-            let v = validate("ns", &with_timeouts("1m", "1m", idle, max));
+            let v = validate("ns", &with_timeouts("1m", idle, max));
             assert_eq!(fields(&v), ["spec.timeouts.idleTTL"], "{idle} vs {max}");
             assert!(
                 v[0].message
@@ -152,15 +184,84 @@ pub(crate) mod tests {
 
     #[test]
     fn claim_deadline_must_be_shorter_than_max_lifetime() {
-        let v = validate("ns", &with_timeouts("1h", "1m", "10m", "1h"));
+        let v = validate("ns", &with_timeouts("1h", "10m", "1h"));
         assert_eq!(fields(&v), ["spec.timeouts.claimReadinessDeadline"]);
         assert!(v[0].message.contains("(1h)"));
     }
 
+    /// Every field Harness Engine does not apply is refused by name, as not supported yet.
     #[test]
-    fn turn_timeout_must_fit_the_lifetime() {
-        let v = validate("ns", &with_timeouts("1m", "3h", "10m", "2h"));
-        assert_eq!(fields(&v), ["spec.timeouts.turnTimeout"]);
+    fn fields_not_applied_are_refused_as_not_supported_yet() {
+        let cases: [(serde_json::Value, &str); 8] = [
+            (
+                serde_json::json!({"limits": {"cpu": "1"}}),
+                "spec.limits.cpu",
+            ),
+            (
+                serde_json::json!({"limits": {"memory": "1Gi"}}),
+                "spec.limits.memory",
+            ),
+            (
+                serde_json::json!({"limits": {"ephemeralStorage": "1Gi"}}),
+                "spec.limits.ephemeralStorage",
+            ),
+            (
+                serde_json::json!({"limits": {"pids": 100}}),
+                "spec.limits.pids",
+            ),
+            (
+                serde_json::json!({"limits": {"maxConcurrentTurns": 1}}),
+                "spec.limits.maxConcurrentTurns",
+            ),
+            (
+                serde_json::json!({"timeouts": {"turnTimeout": "15m"}}),
+                "spec.timeouts.turnTimeout",
+            ),
+            (
+                serde_json::json!({"workspace": {"mode": "persistentVolumeClaim"}}),
+                "spec.workspace.mode",
+            ),
+            (
+                serde_json::json!({"workspace": {"sizeLimit": "1Gi"}}),
+                "spec.workspace.sizeLimit",
+            ),
+        ];
+        for (patch, field) in cases {
+            let mut value = serde_json::to_value(profile_spec()).unwrap_or_default();
+            if let (Some(obj), Some(extra)) = (value.as_object_mut(), patch.as_object()) {
+                for (k, v) in extra {
+                    obj.insert(k.clone(), v.clone());
+                }
+            }
+            let spec: SandboxProfileSpec =
+                serde_json::from_value(value).unwrap_or_else(|e| panic!("{field}: {e}"));
+            let v = validate("ns", &spec);
+            assert_eq!(fields(&v), [field], "{patch}");
+            assert!(
+                v[0].message.starts_with("is not supported yet: "),
+                "{}",
+                v[0]
+            );
+            assert_eq!(v[0].kind.http_code(), 422);
+        }
+    }
+
+    /// The fields Harness Engine applies are accepted: maxActiveLeases (binding
+    /// admission in the operator), runtimeClassName (template check), hibernation,
+    /// workload and egress classes (claim labels).
+    #[test]
+    fn fields_that_are_applied_are_accepted() {
+        let mut value = serde_json::to_value(profile_spec()).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("limits".into(), serde_json::json!({"maxActiveLeases": 3}));
+            obj.insert("runtimeClassName".into(), "gvisor".into());
+            obj.insert("hibernation".into(), "release".into());
+            obj.insert("workloadClass".into(), "untrusted-code".into());
+            obj.insert("workspace".into(), serde_json::json!({"mode": "ephemeral"}));
+        }
+        let spec: SandboxProfileSpec =
+            serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"));
+        assert!(validate("ns", &spec).is_empty());
     }
 
     #[test]

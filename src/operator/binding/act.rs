@@ -20,6 +20,7 @@ use super::{
     BINDING_NAME_LABEL, BINDING_UID_LABEL, GENERATION_LABEL, conflict_retry,
     decide::{self, Effect, Next, OnStale, Plan, PlannedEvent, Tally},
     observe::{Carry, store_err},
+    truncate_label,
 };
 use crate::{
     api::{
@@ -150,8 +151,10 @@ async fn apply(
             name,
             pool,
             generation,
+            labels,
         } => {
-            let claim = create_claim(binding, ctx, name, pool, *generation).await?;
+            let desired = desired_claim(binding, name, pool, *generation, labels);
+            let claim = create_claim(ctx, &desired).await?;
             decide::note_claim_created(events, name, pool, *generation);
             Ok(Report::Created(Box::new(claim)))
         }
@@ -202,6 +205,7 @@ pub fn desired_claim(
     name: &str,
     pool: &str,
     generation: i64,
+    profile_labels: &BTreeMap<String, String>,
 ) -> SandboxClaim {
     let uid = binding.uid().unwrap_or_default();
     let mut claim = SandboxClaim::new(
@@ -213,14 +217,16 @@ pub fn desired_claim(
         },
     );
     claim.metadata.namespace = binding.namespace();
-    claim.metadata.labels = Some(BTreeMap::from([
+    let mut labels = profile_labels.clone();
+    labels.extend([
         (BINDING_UID_LABEL.to_owned(), uid.clone()),
         (
             BINDING_NAME_LABEL.to_owned(),
             truncate_label(&binding.name_any()),
         ),
         (GENERATION_LABEL.to_owned(), generation.to_string()),
-    ]));
+    ]);
+    claim.metadata.labels = Some(labels);
     claim.metadata.owner_references = Some(vec![OwnerReference {
         api_version: HarnessBinding::api_version(&()).into_owned(),
         kind: HarnessBinding::kind(&()).into_owned(),
@@ -233,25 +239,16 @@ pub fn desired_claim(
 }
 
 /// Creates the claim; one that exists already (409) is read and returned.
-async fn create_claim(
-    binding: &HarnessBinding,
-    ctx: &Context,
-    name: &str,
-    pool: &str,
-    generation: i64,
-) -> Result<SandboxClaim, Error> {
+async fn create_claim(ctx: &Context, desired: &SandboxClaim) -> Result<SandboxClaim, Error> {
     let claims: Api<SandboxClaim> =
-        Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
+        Api::namespaced(ctx.client.clone(), &desired.namespace().unwrap_or_default());
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
-    match claims
-        .create(&params, &desired_claim(binding, name, pool, generation))
-        .await
-    {
+    match claims.create(&params, desired).await {
         Ok(c) => Ok(c),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(claims.get(name).await?),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(claims.get(&desired.name_any()).await?),
         Err(e) => Err(e.into()),
     }
 }
@@ -358,12 +355,4 @@ fn bound(ctx: &Context, written: &HarnessBinding) {
     spans::record_count(&span, keys::LEASE_GENERATION, generation);
     spans::record(&span, keys::OUTCOME, "bound");
     ctx.anchors.finish(&uid, "bound");
-}
-
-fn truncate_label(v: &str) -> String {
-    v.chars()
-        .take(63)
-        .collect::<String>()
-        .trim_end_matches(['-', '.', '_'])
-        .to_owned()
 }

@@ -11,7 +11,7 @@
 //! older claims are deleted before this generation's claim is created; a worker is
 //! verified against the profile before the lease is Ready.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::Pod,
@@ -21,9 +21,9 @@ use k8s_openapi::{
 use kube::{Resource, ResourceExt};
 
 use super::{
-    HIBERNATED, PROFILE_ACCEPTED, READY, REPLACED, RESUME_ANNOTATION, SANDBOX_READY, STATE_DURABLE,
-    WORKER_VERIFIED,
-    observe::{HeadRead, Snapshot},
+    EGRESS_CLASS_LABEL, HIBERNATED, PROFILE_ACCEPTED, PROFILE_LABEL, READY, REPLACED,
+    RESUME_ANNOTATION, SANDBOX_READY, STATE_DURABLE, WORKER_VERIFIED, WORKLOAD_CLASS_LABEL,
+    observe::{HeadRead, Snapshot, TurnSeen},
     reason::Reason,
 };
 use crate::{
@@ -89,11 +89,13 @@ pub enum Effect {
         keep: Option<String>,
         generation: i64,
     },
-    /// Create the claim of a lease generation on the warm pool.
+    /// Create the claim of a lease generation on the warm pool, with the profile's
+    /// labels ([`claim_labels`]).
     CreateClaim {
         name: String,
         pool: String,
         generation: i64,
+        labels: BTreeMap<String, String>,
     },
     /// Set the Sandbox's `spec.operatingMode` (`Suspended` or `Running`).
     SetOperatingMode { sandbox: String, mode: &'static str },
@@ -159,6 +161,9 @@ pub enum Need {
     Head { force: bool },
     /// When the store last saw any write to the binding.
     LastActivity,
+    /// How many live claims other bindings hold with this profile
+    /// (`limits.maxActiveLeases`).
+    ProfileClaims,
 }
 
 /// One decision lives at a time, on the stack of one reconcile: boxing the plan would
@@ -372,6 +377,65 @@ pub fn decide(binding: &HarnessBinding, snap: &Snapshot, now: &Time) -> Result<D
     }
 }
 
+/// The labels every claim of `profile` carries: the profile's name (counted by
+/// `limits.maxActiveLeases`), its workload class and its egress policy class.
+pub fn claim_labels(profile: &SandboxProfile) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (
+            PROFILE_LABEL.to_owned(),
+            super::truncate_label(&profile.name_any()),
+        ),
+        (
+            EGRESS_CLASS_LABEL.to_owned(),
+            profile.spec.egress_policy_class.clone(),
+        ),
+    ]);
+    if let Some(class) = profile
+        .spec
+        .workload_class
+        .as_deref()
+        .map(super::truncate_label)
+        .filter(|c| !c.is_empty())
+    {
+        labels.insert(WORKLOAD_CLASS_LABEL.to_owned(), class);
+    }
+    labels
+}
+
+/// `limits.maxActiveLeases`: a claim is created only while other bindings hold fewer
+/// claims of the profile. `Ok(Some((max, held)))` when the limit is reached.
+fn slot_taken(snap: &Snapshot, resolved: &Resolved) -> Result<Option<(i32, usize)>, Need> {
+    let Some(max) = resolved
+        .profile
+        .spec
+        .limits
+        .as_ref()
+        .and_then(|l| l.max_active_leases)
+    else {
+        return Ok(None);
+    };
+    let held = snap.profile_claims.ok_or(Need::ProfileClaims)?;
+    Ok((held >= usize::try_from(max).unwrap_or(0)).then_some((max, held)))
+}
+
+/// The claim waits for a slot: `Ready=False` (a Warning Event the first time), again in 15 s.
+fn wait_for_slot(mut d: Draft<'_>, resolved: &Resolved, max: i32, held: usize) -> Plan {
+    let message = format!(
+        "SandboxProfile {} allows {max} active leases (limits.maxActiveLeases) and {held} are held: waiting for one to end",
+        resolved.profile.name_any()
+    );
+    let told = conditions::get(&d.status.conditions, READY)
+        .is_some_and(|c| c.reason == Reason::MaxActiveLeasesReached.as_str());
+    if !told {
+        d.event(true, Reason::MaxActiveLeasesReached, message.clone());
+    }
+    d.condition(READY, false, Reason::MaxActiveLeasesReached, message);
+    let mut plan = d.write(Next::Requeue(Duration::from_secs(15)));
+    plan.tally
+        .push(Tally::Waited(Reason::MaxActiveLeasesReached));
+    plan
+}
+
 /// Checks the profile and sets `ProfileAccepted`; `None` when it does not accept.
 fn accept_profile(
     binding: &HarnessBinding,
@@ -565,7 +629,10 @@ fn new_generation(
         let message = "the lease is not hibernated".into();
         d.condition(HIBERNATED, false, Reason::NotHibernated, message);
     }
-    let routine = matches!(reason, Reason::EpochCleared | Reason::MaxLifetimeReached);
+    let routine = matches!(
+        reason,
+        Reason::EpochCleared | Reason::MaxLifetimeReached | Reason::Resumed
+    );
     let event = if first {
         Reason::LeaseStarted
     } else {
@@ -645,10 +712,16 @@ fn progress(
     let Some(claim) = &snap.cached.claim else {
         // Absent from the cache: not created yet, or so recently the watch has not
         // brought it; the create's 409 says which.
+        match slot_taken(snap, resolved) {
+            Err(need) => return Ok(Observe(need)),
+            Ok(Some((max, held))) => return Ok(Act(wait_for_slot(d, resolved, max, held))),
+            Ok(None) => {}
+        }
         return Ok(Act(d.then_continue(vec![Effect::CreateClaim {
             name,
             pool: resolved.profile.spec.warm_pool_ref.name.clone(),
             generation: lease.generation,
+            labels: claim_labels(&resolved.profile),
         }])));
     };
     if !owned_by(claim.meta().owner_references.as_deref(), d.binding) {
@@ -949,6 +1022,7 @@ fn lease_ready(
         ),
     );
     project_head(&mut d, &snap.store.head);
+    project_turn(&mut d, snap.store.turn.as_ref());
     let wait = next_check(lease, resolved, snap.projection_interval, d.now);
     let mut plan = d.write(Next::Requeue(wait));
     plan.tally.push(Tally::Bound);
@@ -1047,7 +1121,7 @@ pub fn next_check(
     if let Some(expires) = &lease.expires_at {
         wait = wait.min(until(expires, now));
     }
-    if resolved.profile.spec.hibernation == HibernationPolicy::Suspend {
+    if resolved.profile.spec.hibernation != HibernationPolicy::Never {
         wait = wait.min(resolved.idle_ttl);
     }
     wait.max(Duration::from_millis(100))
@@ -1102,6 +1176,14 @@ fn check_ready(
     // idle by those alone, the store's last write of any kind (a harness that keeps its
     // state in objects and streams commits no head).
     let head_at = project_head(&mut d, &snap.store.head);
+    // `busy` while a run is in flight (the run ledger); the mirror stays when not read.
+    let busy = project_turn(&mut d, snap.store.turn.as_ref())
+        .unwrap_or(d.status.lifecycle == Some(Lifecycle::Busy));
+    d.lifecycle(if busy {
+        Lifecycle::Busy
+    } else {
+        Lifecycle::Ready
+    });
     let mut last_active = lease.ready_at.clone().unwrap_or_else(|| d.now.clone());
     for t in [head_at, resume_requested_at(d.binding)]
         .into_iter()
@@ -1111,16 +1193,22 @@ fn check_ready(
             last_active = t;
         }
     }
-    let suspends = resolved.profile.spec.hibernation == HibernationPolicy::Suspend;
-    if suspends && since(&last_active, d.now) >= resolved.idle_ttl {
+    // `never`: no idle rule at all, the lease lives until its maximum lifetime.
+    let policy = resolved.profile.spec.hibernation;
+    let hibernates = policy != HibernationPolicy::Never && !busy;
+    if hibernates && since(&last_active, d.now) >= resolved.idle_ttl {
         match &snap.store.last_activity {
             None => return Ok(Observe(Need::LastActivity)),
             Some(Some(t)) if t.0 > last_active.0 => last_active = t.clone(),
             Some(_) => {}
         }
     }
-    if suspends && since(&last_active, d.now) >= resolved.idle_ttl {
-        return Ok(Act(hibernate(d, resolved, lease, &last_active)));
+    if hibernates && since(&last_active, d.now) >= resolved.idle_ttl {
+        return Ok(Act(if policy == HibernationPolicy::Release {
+            release_idle(d, resolved, lease, &last_active)
+        } else {
+            hibernate(d, resolved, lease, &last_active)
+        }));
     }
     // Only a change a reader would notice is written (last_seen moves with commits).
     if lease.last_seen_at.as_ref() != Some(&last_active) {
@@ -1148,6 +1236,30 @@ fn hibernate(mut d: Draft<'_>, resolved: &Resolved, lease: &Lease, last_active: 
         effects: vec![Effect::SetOperatingMode {
             sandbox: sb_name,
             mode: "Suspended",
+        }],
+        ..d.write(Next::Requeue(Duration::from_secs(60)))
+    }
+}
+
+/// Hibernation `release`: the status says so first (compare-and-set), then the lease's
+/// claim is deleted (its Sandbox and pod with it). The next bind claims a new sandbox at
+/// a new generation ([`maybe_resume`]).
+fn release_idle(mut d: Draft<'_>, resolved: &Resolved, lease: &Lease, last_active: &Time) -> Plan {
+    let claim = lease.claim_name.clone().unwrap_or_default();
+    d.lifecycle(Lifecycle::Hibernated);
+    let message = format!(
+        "idle for {} (idle TTL {}): SandboxClaim {claim} released (hibernation: release); the next bind claims a new sandbox",
+        duration::display(since(last_active, d.now)),
+        resolved.profile.spec.timeouts.idle_ttl
+    );
+    d.condition(HIBERNATED, true, Reason::IdleTTLReached, message.clone());
+    d.condition(READY, false, Reason::Hibernated, message.clone());
+    d.condition(SANDBOX_READY, false, Reason::Released, message.clone());
+    d.event(false, Reason::Hibernated, message);
+    Plan {
+        after: vec![Effect::ReleaseClaims {
+            keep: None,
+            generation: lease.generation,
         }],
         ..d.write(Next::Requeue(Duration::from_secs(60)))
     }
@@ -1224,12 +1336,25 @@ fn maybe_resume(
         (Some(_), None) => true,
         _ => false,
     };
+    let released = resolved.profile.spec.hibernation == HibernationPolicy::Release;
+    if !wants && released && snap.cached.claim.is_some() && snap.carry.released.is_none() {
+        // A release whose delete did not happen (or not yet): delete again.
+        return Ok(Act(d.then_continue(vec![Effect::ReleaseClaims {
+            keep: None,
+            generation: lease.generation,
+        }])));
+    }
     if !wants {
         if snap.store.head == HeadRead::NotRead {
             return Ok(Observe(Need::Head { force: false }));
         }
         project_head(&mut d, &snap.store.head);
+        project_turn(&mut d, snap.store.turn.as_ref());
         return Ok(Act(d.write(Next::Requeue(Duration::from_secs(300)))));
+    }
+    if released {
+        let message = "a bind after the idle release: claiming a new sandbox".into();
+        return new_generation(d, snap, resolved, Reason::Resumed, message);
     }
     let sb_name = lease.sandbox_name.clone().unwrap_or_default();
     let Some(live) = &snap.live_sandbox else {
@@ -1286,6 +1411,14 @@ fn resume(mut d: Draft<'_>, resolved: &Resolved, lease: &Lease, sb_name: &str) -
     }
 }
 
+/// Mirrors the store's pending interrupt into `status.pendingInterrupt`; returns
+/// whether a run is in flight (`None`: not read this time, the mirror stays).
+fn project_turn(d: &mut Draft<'_>, turn: Option<&TurnSeen>) -> Option<bool> {
+    let turn = turn?;
+    d.status.pending_interrupt = turn.interrupt.clone();
+    Some(turn.running)
+}
+
 /// Projects the durable head into `status.state`. Returns the head's commit time (for
 /// idleness): the projected one, or the last projection's when none was due.
 fn project_head(d: &mut Draft<'_>, head: &HeadRead) -> Option<Time> {
@@ -1317,7 +1450,7 @@ fn project_head(d: &mut Draft<'_>, head: &HeadRead) -> Option<Time> {
             });
             if uncertain {
                 let message = format!(
-                    "{} run(s) marked uncertain after revision {}: reconcile before the next turn",
+                    "{} run(s) marked uncertain after revision {}: reconcile them (POST /v1/bindings/{{id}}/state/uncertain/reconcile) before the next turn",
                     head.uncertain_runs, head.revision
                 );
                 d.condition(STATE_DURABLE, false, Reason::RunUncertain, message);

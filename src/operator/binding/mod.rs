@@ -64,6 +64,22 @@ pub const BINDING_UID_LABEL: &str = "harness-engine.dev/binding-uid";
 pub const BINDING_NAME_LABEL: &str = "harness-engine.dev/binding";
 /// Label on every claim we create: the lease generation it was made for.
 pub const GENERATION_LABEL: &str = "harness-engine.dev/lease-generation";
+/// Label on every claim we create: the SandboxProfile's name (at most 63 characters).
+/// `limits.maxActiveLeases` counts the claims that carry it.
+pub const PROFILE_LABEL: &str = "harness-engine.dev/sandbox-profile";
+/// Label on every claim we create: the profile's `workloadClass`, when set.
+pub const WORKLOAD_CLASS_LABEL: &str = "harness-engine.dev/workload-class";
+/// Label on every claim we create: the profile's `egressPolicyClass`.
+pub const EGRESS_CLASS_LABEL: &str = "harness-engine.dev/egress-policy-class";
+
+/// A label value from `v`: at most 63 characters, ending in an alphanumeric.
+pub fn truncate_label(v: &str) -> String {
+    v.chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches(['-', '.', '_'])
+        .to_owned()
+}
 
 // Condition types.
 pub const READY: &str = "Ready";

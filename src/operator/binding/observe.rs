@@ -14,12 +14,12 @@ use kube::{Api, Resource, ResourceExt};
 use super::decide::{self, Need, PlannedEvent};
 use crate::{
     api::{
-        HarnessBinding, SandboxProfile,
+        HarnessBinding, PendingInterruptSummary, SandboxProfile,
         sandbox::{Sandbox, SandboxClaim},
     },
     domain::{
         ids::BindingId,
-        state::{Durability, StateScope},
+        state::{Durability, PendingInterrupt, StateScope},
     },
     operator::{Caches, Context, Error},
     store::ClearReport,
@@ -71,6 +71,15 @@ pub enum HeadRead {
     Present(HeadSeen),
 }
 
+/// What the store says of the turn in flight, read together with the head.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnSeen {
+    /// A run of the epoch's run ledger has started and not completed (the `busy` signal).
+    pub running: bool,
+    /// The epoch's pending interrupt, summarized for `status.pendingInterrupt`.
+    pub interrupt: Option<PendingInterruptSummary>,
+}
+
 /// The store, as far as this reconcile read it.
 #[derive(Clone, Debug)]
 pub struct StoreSeen {
@@ -79,6 +88,8 @@ pub struct StoreSeen {
     /// The generation the store fences (0 without a record); `None`: not read.
     pub fenced_generation: Option<i64>,
     pub head: HeadRead,
+    /// Read with the head when it was due; `None`: not read (the status keeps its mirror).
+    pub turn: Option<TurnSeen>,
     /// When the store last saw any write to the binding; `None`: not read.
     pub last_activity: Option<Option<Time>>,
 }
@@ -104,6 +115,8 @@ pub struct Snapshot {
     /// The worker pod read live ([`Need::LivePod`]).
     pub live_pod: Option<Option<Pod>>,
     pub store: StoreSeen,
+    /// Live claims other bindings hold with this profile ([`Need::ProfileClaims`]).
+    pub profile_claims: Option<usize>,
     /// How often a Ready binding's state projection is refreshed.
     pub projection_interval: Duration,
     pub carry: Carry,
@@ -178,8 +191,10 @@ pub async fn snapshot(
             fence_raised: fence.is_some_and(|f| ctx.fence_raised(id.as_str(), f)),
             fenced_generation: None,
             head: HeadRead::NotRead,
+            turn: None,
             last_activity: None,
         },
+        profile_claims: None,
         projection_interval: ctx.projection_interval(),
         carry,
     })
@@ -271,7 +286,9 @@ pub async fn more(
                 .unwrap_or(name);
             snap.live_pod = Some(pods.get_opt(&pod_name).await?);
         }
-        Need::Head { force } => snap.store.head = read_head(binding, ctx, &snap.id, force).await,
+        Need::Head { force } => {
+            (snap.store.head, snap.store.turn) = read_head(binding, ctx, &snap.id, force).await;
+        }
         Need::LastActivity => {
             let ms = ctx
                 .store
@@ -283,8 +300,52 @@ pub async fn more(
                     .map(Time),
             );
         }
+        Need::ProfileClaims => {
+            snap.profile_claims = Some(profile_claims(binding, ctx).await?);
+        }
     }
     Ok(())
+}
+
+/// Live claims of the binding's profile held by other bindings: from the claim cache, or
+/// listed by label without one.
+async fn profile_claims(binding: &HarnessBinding, ctx: &Context) -> Result<usize, Error> {
+    let ns = binding.namespace().unwrap_or_default();
+    let profile = super::truncate_label(&binding.spec.sandbox_profile_ref.name);
+    let uid = binding.uid().unwrap_or_default();
+    if let Some(caches) = ctx.caches() {
+        let claims = caches.claims.state();
+        return Ok(count_profile_claims(
+            claims.iter().map(AsRef::as_ref),
+            &ns,
+            &profile,
+            &uid,
+        ));
+    }
+    let selector = format!("{}={profile}", super::PROFILE_LABEL);
+    let list = Api::<SandboxClaim>::namespaced(ctx.client.clone(), &ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?;
+    Ok(count_profile_claims(list.items.iter(), &ns, &profile, &uid))
+}
+
+/// Claims in `ns` labelled with `profile`, not being deleted, of another binding than
+/// `uid`.
+pub fn count_profile_claims<'a>(
+    claims: impl Iterator<Item = &'a SandboxClaim>,
+    ns: &str,
+    profile: &str,
+    uid: &str,
+) -> usize {
+    claims
+        .filter(|c| c.namespace().as_deref() == Some(ns))
+        .filter(|c| c.meta().deletion_timestamp.is_none())
+        .filter(|c| {
+            let labels = c.labels();
+            labels.get(super::PROFILE_LABEL).map(String::as_str) == Some(profile)
+                && labels.get(super::BINDING_UID_LABEL).map(String::as_str) != Some(uid)
+        })
+        .count()
 }
 
 /// The lease's claim, then its Sandbox (if the claim exists), then its pod (if the
@@ -323,16 +384,17 @@ async fn live_lease(binding: &HarnessBinding, ctx: &Context) -> Result<Objects, 
     })
 }
 
-/// The durable head (rate-limited per binding unless `force`). A store failure is
-/// logged and leaves the projection as it was: it is a mirror, the store the truth.
+/// The durable head and the turn in flight (rate-limited per binding unless `force`).
+/// A store failure is logged and leaves the projection as it was: it is a mirror, the
+/// store the truth.
 async fn read_head(
     binding: &HarnessBinding,
     ctx: &Context,
     id: &BindingId,
     force: bool,
-) -> HeadRead {
+) -> (HeadRead, Option<TurnSeen>) {
     if !force && !ctx.projection_due(&binding.uid().unwrap_or_default()) {
-        return HeadRead::NotDue;
+        return (HeadRead::NotDue, None);
     }
     let lease = binding.status.as_ref().and_then(|s| s.lease.as_ref());
     let scope = StateScope {
@@ -345,7 +407,7 @@ async fn read_head(
             .map(|l| u64::try_from(l.generation).unwrap_or(0))
             .unwrap_or(0),
     };
-    match ctx.store.load_head(&scope).await {
+    let head = match ctx.store.load_head(&scope).await {
         Ok(None) => HeadRead::Absent,
         Ok(Some(head)) => HeadRead::Present(HeadSeen {
             revision: head.revision,
@@ -355,9 +417,46 @@ async fn read_head(
         }),
         Err(e) => {
             tracing::warn!(binding_id = id.as_str(), "projecting state: {e}");
-            HeadRead::Unavailable
+            return (HeadRead::Unavailable, None);
         }
-    }
+    };
+    (head, read_turn(ctx, id, &scope).await)
+}
+
+/// The run ledger's open runs and the pending interrupt of the scope's epoch.
+async fn read_turn(ctx: &Context, id: &BindingId, scope: &StateScope) -> Option<TurnSeen> {
+    let interrupt = match ctx.store.pending_interrupt(scope).await {
+        Ok(i) => i.and_then(|i| interrupt_summary(&i)),
+        Err(e) => {
+            tracing::warn!(
+                binding_id = id.as_str(),
+                "projecting the pending interrupt: {e}"
+            );
+            return None;
+        }
+    };
+    let running = match ctx.store.ledger_state(scope).await {
+        Ok(state) => state
+            .runs
+            .values()
+            .any(|r| r.status == crate::domain::ledger::RunStatus::Running),
+        Err(e) => {
+            tracing::warn!(binding_id = id.as_str(), "reading the run ledger: {e}");
+            return None;
+        }
+    };
+    Some(TurnSeen { running, interrupt })
+}
+
+/// The status summary of a stored interrupt (`None` for a type the CRD does not list).
+pub fn interrupt_summary(i: &PendingInterrupt) -> Option<PendingInterruptSummary> {
+    Some(PendingInterruptSummary {
+        interrupt_id: i.interrupt_id.clone(),
+        kind: serde_json::from_value(serde_json::Value::String(i.kind.clone())).ok()?,
+        run_id: i.run_id.clone(),
+        revision: i64::try_from(i.revision).unwrap_or(i64::MAX),
+        created_at: Timestamp::from_millisecond(i.created_at_ms).ok().map(Time),
+    })
 }
 
 pub fn store_err(e: crate::store::StoreError) -> Error {

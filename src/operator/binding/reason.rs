@@ -77,7 +77,9 @@ reasons! {
     Clearing => [False(READY)],
         "`spec.epoch` was raised: the old epoch's state is being deleted";
     Hibernated => [False(READY), Normal],
-        "the Sandbox is suspended after its idle TTL; the next bind resumes it";
+        "the lease hibernated after its idle TTL: its Sandbox is suspended (hibernation `suspend`) or its claim released (`release`); the next bind resumes it";
+    MaxActiveLeasesReached => [False(READY), Warning, Wait],
+        "the profile's `limits.maxActiveLeases` claims are held by other bindings: this generation's claim waits for one to end";
     Resuming => [False(READY), False(SANDBOX_READY), Normal],
         "a bind asked to resume a hibernated lease: the Sandbox runs again and a new worker is bound at a new generation";
     Releasing => [False(READY), Normal],
@@ -102,6 +104,8 @@ reasons! {
         "a binding without a lease waited for a claiming slot (at most half of `--concurrency`)";
     Suspended => [False(SANDBOX_READY)],
         "the Sandbox is suspended (hibernation)";
+    Released => [False(SANDBOX_READY)],
+        "the lease's claim was released after its idle TTL (hibernation `release`)";
     WorkerPodLost => [True(REPLACED), Warning],
         "the worker pod the lease verified was deleted or recreated: a new process is a new worker";
     SandboxLost => [True(REPLACED), Warning],
@@ -142,8 +146,8 @@ reasons! {
         "a run was marked uncertain after the durable head: it must be reconciled before the next turn";
     IdleTTLReached => [True(HIBERNATED)],
         "the lease was idle for the profile's `idleTTL`";
-    Resumed => [False(HIBERNATED)],
-        "a hibernated lease was resumed by a bind";
+    Resumed => [False(HIBERNATED), True(REPLACED)],
+        "a hibernated lease was resumed by a bind (after a `release`, at a new generation on a new claim)";
     NotHibernated => [False(HIBERNATED)],
         "a new lease generation that is not hibernated";
     Initial => [Message],
@@ -193,7 +197,10 @@ const CONDITION_TYPES: &[(&str, &str)] = &[
         REPLACED,
         "the current lease replaced an earlier one; the reason says why",
     ),
-    (HIBERNATED, "the Sandbox is suspended after its idle TTL"),
+    (
+        HIBERNATED,
+        "the lease hibernated after its idle TTL (Sandbox suspended or claim released)",
+    ),
     (
         STALLED,
         "kstatus: only a change to the profile or the binding cures it (the error policy's `InvalidSpec` too, see Failures)",

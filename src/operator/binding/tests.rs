@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::{
     decide::{self, Decision, Effect, Need, Next, OnStale, Plan, Tally},
-    observe::{Carry, HeadRead, HeadSeen, Objects, Snapshot, StoreSeen},
+    observe::{self, Carry, HeadRead, HeadSeen, Objects, Snapshot, StoreSeen},
     reason::{self, Reason, Use},
     *,
 };
@@ -235,8 +235,10 @@ fn snap(cached: Objects) -> Snapshot {
             fence_raised: true,
             fenced_generation: None,
             head: HeadRead::NotRead,
+            turn: None,
             last_activity: None,
         },
+        profile_claims: None,
         projection_interval: Duration::from_secs(30),
         carry: Carry::default(),
     }
@@ -248,6 +250,10 @@ struct World {
     fenced: i64,
     head: HeadRead,
     last_activity: Option<Time>,
+    /// Live claims other bindings hold with the profile.
+    profile_claims: usize,
+    /// The turn in flight, read with the head.
+    turn: Option<observe::TurnSeen>,
 }
 
 fn world(live: Objects) -> World {
@@ -256,7 +262,17 @@ fn world(live: Objects) -> World {
         fenced: 0,
         head: HeadRead::NotDue,
         last_activity: None,
+        profile_claims: 0,
+        turn: None,
     }
+}
+
+/// The labels every claim of `profile()` carries.
+fn labels() -> std::collections::BTreeMap<String, String> {
+    std::collections::BTreeMap::from([
+        (PROFILE_LABEL.to_owned(), "python-worker".to_owned()),
+        (EGRESS_CLASS_LABEL.to_owned(), "data-plane-only".to_owned()),
+    ])
 }
 
 /// Decides, answering each `Need` from `world` as `observe::more` would; the plan and
@@ -275,8 +291,12 @@ fn run(b: &HarnessBinding, mut s: Snapshot, w: &World) -> (Result<Plan, Error>, 
                     Need::LiveLeaseObjects => s.live_lease = Some(w.live.clone()),
                     Need::LiveSandbox => s.live_sandbox = Some(w.live.sandbox.clone()),
                     Need::LivePod => s.live_pod = Some(w.live.pod.clone()),
-                    Need::Head { .. } => s.store.head = w.head.clone(),
+                    Need::Head { .. } => {
+                        s.store.head = w.head.clone();
+                        s.store.turn = w.turn.clone();
+                    }
                     Need::LastActivity => s.store.last_activity = Some(w.last_activity.clone()),
+                    Need::ProfileClaims => s.profile_claims = Some(w.profile_claims),
                 }
             }
         }
@@ -524,6 +544,7 @@ fn the_lease_is_claimed_fenced_and_bound_in_order() {
                     name: claim1(),
                     pool: "pool".into(),
                     generation: 1,
+                    labels: labels(),
                 }]),
                 next: Some(Next::Continue),
                 ..Default::default()
@@ -554,6 +575,7 @@ fn the_lease_is_claimed_fenced_and_bound_in_order() {
                     name: claim_name(&id(), 2),
                     pool: "pool".into(),
                     generation: 2,
+                    labels: labels(),
                 }]),
                 ..Default::default()
             },
@@ -1404,4 +1426,360 @@ fn a_fixed_profile_clears_its_stall_and_leaves_the_error_policys_alone() {
         Some((TRUE.to_owned(), "InvalidSpec".to_owned())),
         "the error policy clears its own Stalled after a successful reconcile"
     );
+}
+
+/// The profile's lease rules: hibernation `never` and `release`, `limits.maxActiveLeases`,
+/// and the labels every claim carries (docs/crds.md, "SandboxProfile").
+#[test]
+fn profile_hibernation_policies_decide_what_idleness_does() {
+    let policy = |p: &'static str| {
+        move |pr: &mut SandboxProfile| {
+            pr.spec.hibernation = serde_json::from_value(json!(p)).unwrap();
+        }
+    };
+    let released = || {
+        let mut s = hibernated();
+        if let Some(c) = s.conditions.iter_mut().find(|c| c.type_ == HIBERNATED) {
+            c.reason = Reason::IdleTTLReached.as_str().into();
+        }
+        s
+    };
+    let cases = vec![
+        Case {
+            name: "never: idle far past the idle TTL, the lease stays Ready (no activity read)",
+            binding: binding(Some(bound(Lifecycle::Ready, at(0)))),
+            snap: with_profile(snap(all_cached()), policy("never")),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Ready)),
+                effects: Some(vec![]),
+                after: Some(vec![]),
+                events: Some(vec![]),
+                next: Some(Next::Requeue(Duration::from_secs(30))),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "release: idle past the idle TTL, hibernated and the claim released after the status",
+            binding: binding(Some(bound(Lifecycle::Ready, at(0)))),
+            snap: with_profile(snap(all_cached()), policy("release")),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![Need::Head { force: false }, Need::LastActivity],
+                lifecycle: Some(Some(Lifecycle::Hibernated)),
+                conditions: vec![
+                    (HIBERNATED, TRUE, Reason::IdleTTLReached),
+                    (READY, FALSE, Reason::Hibernated),
+                    (SANDBOX_READY, FALSE, Reason::Released),
+                ],
+                events: Some(vec![(Reason::Hibernated, false)]),
+                effects: Some(vec![]),
+                after: Some(vec![Effect::ReleaseClaims {
+                    keep: None,
+                    generation: 1,
+                }]),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "release: hibernated but the claim is still there, no bind: delete it again",
+            binding: binding(Some(released())),
+            snap: with_profile(snap(all_cached()), policy("release")),
+            world: world(Objects::default()),
+            want: Want {
+                lifecycle: Some(None),
+                effects: Some(vec![Effect::ReleaseClaims {
+                    keep: None,
+                    generation: 1,
+                }]),
+                next: Some(Next::Continue),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "release: hibernated, claim gone, no bind: stays hibernated",
+            binding: binding(Some(released())),
+            snap: with_profile(snap(Objects::default()), policy("release")),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Hibernated)),
+                effects: Some(vec![]),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "release: a bind after the release claims a new sandbox at a new generation",
+            binding: edit(binding(Some(released())), |b| resume_at(b, at(6_000))),
+            snap: with_profile(snap(Objects::default()), policy("release")),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![Need::StoreGeneration],
+                lifecycle: Some(Some(Lifecycle::Replacing)),
+                generation: Some(2),
+                conditions: vec![
+                    (REPLACED, TRUE, Reason::Resumed),
+                    (HIBERNATED, FALSE, Reason::NotHibernated),
+                ],
+                events: Some(vec![(Reason::Replacing, false)]),
+                next: Some(Next::Continue),
+                ..Default::default()
+            },
+        },
+    ];
+    for case in cases {
+        check(case);
+    }
+}
+
+#[test]
+fn max_active_leases_holds_a_new_claim_until_one_ends() {
+    let limited = |max: i32| {
+        move |p: &mut SandboxProfile| {
+            p.spec.limits = Some(crate::api::profile::SandboxLimits {
+                max_active_leases: Some(max),
+                ..Default::default()
+            });
+        }
+    };
+    let claiming = || binding(Some(lease(1, Lifecycle::Claiming, at(9_950))));
+    let cases = vec![
+        Case {
+            name: "2 of 2 held by others: Ready=False MaxActiveLeasesReached, no claim, retried",
+            binding: claiming(),
+            snap: with_profile(snap(Objects::default()), limited(2)),
+            world: World {
+                profile_claims: 2,
+                ..world(Objects::default())
+            },
+            want: Want {
+                needs: vec![Need::ProfileClaims],
+                lifecycle: Some(Some(Lifecycle::Claiming)),
+                conditions: vec![(READY, FALSE, Reason::MaxActiveLeasesReached)],
+                events: Some(vec![(Reason::MaxActiveLeasesReached, true)]),
+                effects: Some(vec![]),
+                tally: Some(vec![Tally::Waited(Reason::MaxActiveLeasesReached)]),
+                next: Some(Next::Requeue(Duration::from_secs(15))),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "1 of 2 held: the claim is created",
+            binding: claiming(),
+            snap: with_profile(snap(Objects::default()), limited(2)),
+            world: World {
+                profile_claims: 1,
+                ..world(Objects::default())
+            },
+            want: Want {
+                needs: vec![Need::ProfileClaims],
+                lifecycle: Some(None),
+                effects: Some(vec![Effect::CreateClaim {
+                    name: claim1(),
+                    pool: "pool".into(),
+                    generation: 1,
+                    labels: labels(),
+                }]),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "no limit: no count is read",
+            binding: claiming(),
+            snap: snap(Objects::default()),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![],
+                lifecycle: Some(None),
+                ..Default::default()
+            },
+        },
+    ];
+    for case in cases {
+        check(case);
+    }
+    // Told once: a binding already waiting publishes no second Event.
+    let mut waiting = lease(1, Lifecycle::Claiming, at(9_950));
+    conditions::set(
+        &mut waiting.conditions,
+        conditions::Desired {
+            type_: READY,
+            status: FALSE,
+            reason: Reason::MaxActiveLeasesReached.as_str(),
+            message: String::new(),
+        },
+        Some(1),
+        &at(9_960),
+    );
+    let (plan, _) = run(
+        &binding(Some(waiting)),
+        with_profile(snap(Objects::default()), limited(1)),
+        &World {
+            profile_claims: 1,
+            ..world(Objects::default())
+        },
+    );
+    assert_eq!(plan.map(|p| p.events.len()).ok(), Some(0));
+}
+
+#[test]
+fn claims_carry_the_profile_labels_and_count_per_profile() {
+    let mut p = profile();
+    p.spec.workload_class = Some("untrusted-code".into());
+    let got = decide::claim_labels(&p);
+    assert_eq!(
+        got.get(PROFILE_LABEL).map(String::as_str),
+        Some("python-worker")
+    );
+    assert_eq!(
+        got.get(WORKLOAD_CLASS_LABEL).map(String::as_str),
+        Some("untrusted-code")
+    );
+    assert_eq!(
+        got.get(EGRESS_CLASS_LABEL).map(String::as_str),
+        Some("data-plane-only")
+    );
+
+    let labelled = |name: &str, ns: &str, profile: &str, uid: &str, deleting: bool| {
+        let mut c = SandboxClaim::new(name, Default::default());
+        c.metadata.namespace = Some(ns.into());
+        c.metadata.labels = Some(
+            [
+                (PROFILE_LABEL.to_owned(), profile.to_owned()),
+                (BINDING_UID_LABEL.to_owned(), uid.to_owned()),
+            ]
+            .into(),
+        );
+        if deleting {
+            c.metadata.deletion_timestamp = Some(at(0));
+        }
+        c
+    };
+    let claims = [
+        labelled("a", "team-a", "python-worker", "other-1", false),
+        labelled("b", "team-a", "python-worker", "other-2", false),
+        labelled("c", "team-a", "python-worker", B_UID, false),
+        labelled("d", "team-a", "python-worker", "other-3", true),
+        labelled("e", "team-a", "gpu", "other-4", false),
+        labelled("f", "team-b", "python-worker", "other-5", false),
+    ];
+    let n = observe::count_profile_claims(claims.iter(), "team-a", "python-worker", B_UID);
+    assert_eq!(
+        n, 2,
+        "other bindings' live claims of this profile in this namespace"
+    );
+}
+
+/// `busy` while the run ledger has a run in flight, `Ready` after; `status.pendingInterrupt`
+/// mirrors the store's; neither moves when the head (and with it the turn) was not read.
+#[test]
+fn busy_and_the_pending_interrupt_mirror_the_turn_in_flight() {
+    let running = |running: bool, interrupt: Option<crate::api::PendingInterruptSummary>| World {
+        head: HeadRead::Absent,
+        turn: Some(observe::TurnSeen { running, interrupt }),
+        ..world(Objects::default())
+    };
+    let approval = crate::api::PendingInterruptSummary {
+        interrupt_id: "int-1".into(),
+        kind: crate::api::binding::InterruptType::ToolApproval,
+        run_id: "run-1".into(),
+        revision: 3,
+        created_at: Some(at(9_990)),
+    };
+    let cases = vec![
+        Case {
+            name: "a run in flight: busy, and not hibernated though idle past the TTL",
+            binding: binding(Some(bound(Lifecycle::Ready, at(0)))),
+            snap: snap(all_cached()),
+            world: running(true, None),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Busy)),
+                effects: Some(vec![]),
+                events: Some(vec![]),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "the run completed: Ready again",
+            binding: binding(Some(bound(Lifecycle::Busy, at(9_000)))),
+            snap: snap(all_cached()),
+            world: running(false, None),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Ready)),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "busy, head not due: the mirror stays busy",
+            binding: binding(Some(bound(Lifecycle::Busy, at(9_000)))),
+            snap: snap(all_cached()),
+            world: world(Objects::default()),
+            want: Want {
+                needs: vec![Need::Head { force: false }],
+                lifecycle: Some(Some(Lifecycle::Busy)),
+                ..Default::default()
+            },
+        },
+    ];
+    for case in cases {
+        check(case);
+    }
+    let decide_with = |status: HarnessBindingStatus, w: &World| {
+        let (plan, _) = run(&binding(Some(status)), snap(all_cached()), w);
+        plan.ok()
+            .and_then(|p| p.status)
+            .and_then(|s| s.pending_interrupt)
+    };
+    let ready = bound(Lifecycle::Ready, at(9_000));
+    assert_eq!(
+        decide_with(ready.clone(), &running(false, Some(approval.clone()))),
+        Some(approval.clone()),
+        "the store's pending interrupt is mirrored"
+    );
+    let mut waiting = ready;
+    waiting.pending_interrupt = Some(approval.clone());
+    assert_eq!(
+        decide_with(waiting.clone(), &running(false, None)),
+        None,
+        "a resumed interrupt leaves the status"
+    );
+    assert_eq!(
+        decide_with(waiting, &world(Objects::default())),
+        Some(approval),
+        "not read: the mirror stays"
+    );
+    // A hibernated lease mirrors it too (a question can wait across hibernation).
+    let (plan, _) = run(
+        &binding(Some(hibernated())),
+        snap(Objects::default()),
+        &running(false, None),
+    );
+    assert!(plan.is_ok_and(|p| p.status.is_some_and(|s| s.pending_interrupt.is_none())));
+}
+
+#[test]
+fn a_stored_interrupt_is_summarized_for_the_status() {
+    let stored = crate::domain::state::PendingInterrupt {
+        interrupt_id: "int-9".into(),
+        kind: "form_input".into(),
+        run_id: "run-9".into(),
+        namespace: vec![],
+        agent_id: "agent".into(),
+        allowed_decisions: vec!["respond".into()],
+        revision: 4,
+        created_at_ms: at(100).0.as_millisecond(),
+        body: json!({"prompt": "never in the status"}),
+    };
+    let summary = observe::interrupt_summary(&stored).unwrap();
+    assert_eq!(summary.interrupt_id, "int-9");
+    assert_eq!(summary.kind, crate::api::binding::InterruptType::FormInput);
+    assert_eq!((summary.revision, summary.created_at), (4, Some(at(100))));
+    let odd = crate::domain::state::PendingInterrupt {
+        kind: "other".into(),
+        ..stored
+    };
+    assert_eq!(observe::interrupt_summary(&odd), None);
 }
