@@ -240,7 +240,15 @@ fn main() {
         budgeted.sort_by(f64::total_cmp);
 
         // Puts through the pipeline, `writers` at once, new keys across 1,000 namespaces.
-        let set = Arc::new(MemoryPolicySet::default());
+        let set = Arc::new(MemoryPolicySet {
+            policies: [(
+                "all-agents".to_owned(),
+                serde_json::from_value(serde_json::json!({"agentSelector": {"allAgents": true}}))
+                    .unwrap_or_else(|e| fail(&format!("policy: {e}"))),
+            )]
+            .into(),
+            ..Default::default()
+        });
         let writer = Writer { principal: "bench".into(), is_worker: true, is_application_writer: false };
         let deadline = Instant::now() + s.put_duration;
         let put_started = Instant::now();

@@ -39,6 +39,7 @@ trap 'exit 130' INT TERM
 # Port 0: the server picks free ports and prints what it bound. The suites write in
 # bursts, so the per-binding write limit is raised (the client retries 429s anyway).
 "$bin" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --data-dir "$work/data" \
+  --memory-policy "$repo/tests/fixtures/memory_policy_all_agents.yaml" \
   --writes-per-second 5000 --write-burst 10000 >"$work/serve.out" 2>"$work/serve.err" &
 server_pid=$!
 

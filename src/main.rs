@@ -284,13 +284,29 @@ struct OperatorArgs {
     /// Lifetime of a managed CA, in seconds (rotated with a third left). Default 10 years.
     #[arg(long, default_value_t = 3650 * 86_400)]
     webhook_ca_lifetime_seconds: u64,
+    /// Seconds between the leader's retention sweeps of thread state and memory
+    /// (each writes an audit record); 0 turns sweeping off.
+    #[arg(long, default_value_t = 3600)]
+    sweep_interval_seconds: u64,
+    /// A pending write never committed is deleted after this many seconds.
+    #[arg(long, default_value_t = 86_400)]
+    pending_ttl_seconds: u64,
+    /// A conversation with no write for this many seconds has its thread state deleted
+    /// (binding, heads, native state, objects, streams; never memory, which follows its
+    /// own retention policy). Unset: thread state is kept until its binding is cleared.
+    #[arg(long)]
+    conversation_ttl_seconds: Option<u64>,
     /// Users allowed to change `HarnessBinding.status.lease` (repeatable). Default: this
     /// operator's ServiceAccount, `system:serviceaccount:<POD_NAMESPACE>:harness-engine`.
     #[arg(long = "operator-identity", value_name = "USER")]
     operator_identities: Vec<String>,
-    /// The deployment memory policy (YAML): what a MemoryPolicy may at most allow.
+    /// Deployment memory configuration (YAML; the chart mounts its ConfigMap here):
+    /// organization, approvers, application writers, the loosest write policy, shared
+    /// learning, kinds, retention policies. Re-read every 10 s; a change applies to the
+    /// data plane and the webhook, an invalid change is logged and ignored. Unset: the
+    /// defaults (docs/memory.md).
     #[arg(long, value_name = "FILE")]
-    deployment_memory_policy: Option<PathBuf>,
+    memory_config: Option<PathBuf>,
     /// How often a Ready binding's `status.state` is refreshed from the store, in seconds
     /// (the projection is rate-limited to this per binding).
     #[arg(long, default_value_t = 30)]
@@ -421,6 +437,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
         let state = AppState::new(store, setup.keyring, Arc::new(setup.tokens), config);
         state.memory_policies().replace(memory);
+        if let Some(path) = &args.memory_config {
+            tokio::spawn(server::memory_config::watch_deployment(
+                path.clone(),
+                state.memory_policies().clone(),
+                Duration::from_secs(10),
+            ));
+        }
         server::serve(state, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
         Ok(())
@@ -474,6 +497,12 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                 )
             }
         };
+        let retention = operator::retention::RetentionSchedule::from_flags(
+            args.sweep_interval_seconds,
+            args.pending_ttl_seconds,
+            args.conversation_ttl_seconds,
+        )
+        .map_err(anyhow::Error::msg)?;
         let auth = kubernetes::KubernetesAuthenticator::new(
             client.clone(),
             kubernetes::KubernetesAuthConfig::default(),
@@ -486,6 +515,16 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             ServerConfig::new(limits),
             server_metrics,
         );
+        // One deployment memory configuration for the data plane and the webhook.
+        let memory = state.memory_policies().clone();
+        if let Some(path) = &args.memory_config {
+            memory.set_deployment(server::memory_config::load_deployment(path)?);
+            tokio::spawn(server::memory_config::watch_deployment(
+                path.clone(),
+                memory.clone(),
+                Duration::from_secs(10),
+            ));
+        }
         // Binds from control-plane services create the conversation's HarnessBinding
         // with this process's own ServiceAccount (docs/operator.md).
         state.use_binding_objects(Arc::new(server::binding_objects::KubeBindingObjects::new(
@@ -573,7 +612,7 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         // The leader's own work besides the controllers: the managed certificates.
         let leader_extras = {
             let (client, metrics, certs) = (client.clone(), metrics.clone(), managed_certs.clone());
-            let stopped = stopped.clone();
+            let (stopped, store, retention) = (stopped.clone(), store.clone(), retention.clone());
             move || {
                 let (client, metrics, certs, stopped) = (
                     client.clone(),
@@ -581,16 +620,31 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                     certs.clone(),
                     stopped.clone(),
                 );
+                let (store, retention) = (store.clone(), retention.clone());
                 async move {
-                    if let Some(certs) = certs {
-                        operator::webhook_certs::run(
-                            client,
-                            certs,
-                            metrics.webhook_certs.clone(),
-                            stopped(),
-                        )
-                        .await;
-                    }
+                    let certs = async {
+                        if let Some(certs) = certs {
+                            operator::webhook_certs::run(
+                                client,
+                                certs,
+                                metrics.webhook_certs.clone(),
+                                stopped(),
+                            )
+                            .await;
+                        }
+                    };
+                    let sweeps = async {
+                        if let Some(schedule) = retention {
+                            operator::retention::run(
+                                store,
+                                schedule,
+                                metrics.retention.clone(),
+                                stopped(),
+                            )
+                            .await;
+                        }
+                    };
+                    futures::future::join(certs, sweeps).await;
                 }
             }
         };
@@ -603,15 +657,10 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                 } else {
                     args.operator_identities.clone()
                 };
-                let memory_policy = match &args.deployment_memory_policy {
-                    Some(path) => webhook::DeploymentMemoryPolicy::from_yaml_file(path)
-                        .with_context(|| format!("reading {}", path.display()))?,
-                    None => webhook::DeploymentMemoryPolicy::default(),
-                };
                 let hook = Arc::new(webhook::Webhook::new(
                     webhook::WebhookConfig {
                         operator_identities: identities,
-                        memory_policy,
+                        memory: memory.clone(),
                     },
                     Arc::new(webhook::KubeLookup::new(client.clone())),
                 ));
@@ -684,14 +733,17 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             concurrency: args.concurrency.max(1),
             crd_wait: Duration::from_secs(args.crd_wait_seconds),
         };
-        let ctx = Arc::new(OperatorContext::new(
-            client.clone(),
-            store,
-            keyring,
-            metrics.clone(),
-            &identity,
-            Duration::from_secs(args.state_projection_seconds.max(1)),
-        ));
+        let ctx = Arc::new(
+            OperatorContext::new(
+                client.clone(),
+                store,
+                keyring,
+                metrics.clone(),
+                &identity,
+                Duration::from_secs(args.state_projection_seconds.max(1)),
+            )
+            .with_memory(memory.clone()),
+        );
         let elector = leader::Elector::new(client.clone(), config.leader.clone());
         let lost = if config.leader.enabled {
             tokio::select! {

@@ -168,15 +168,35 @@ fn rand_suffix() -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_a_sandbox() {
-    let client = common::client().await;
-    common::install_our_crds(&client).await;
-    let ns_guard = common::TestNamespace::new(&client, "op-bind").await;
+/// A test namespace with the samples, an operator running as its own ServiceAccount
+/// (`extra` flags, given the namespace and a directory of the test's), and control-plane
+/// ServiceAccounts (`backend`, plus `accounts`) that may create, read and update
+/// bindings there and act for alice; `nobody` may do nothing.
+struct Setup {
+    ns: String,
+    keyring: Keyring,
+    op: Operator,
+    bindings: Api<HarnessBinding>,
+    backend: String,
+    // Dropped last to first: the operator stops before its namespace goes.
+    _impersonation: common::Impersonation,
+    _identity: OperatorIdentity,
+    _dir: tempfile::TempDir,
+    _ns: common::TestNamespace,
+}
+
+async fn setup(
+    client: &Client,
+    prefix: &str,
+    accounts: &[&str],
+    extra: impl FnOnce(&str, &std::path::Path) -> Vec<String>,
+) -> Setup {
+    common::install_our_crds(client).await;
+    let ns_guard = common::TestNamespace::new(client, prefix).await;
     let ns = ns_guard.name.clone();
     apply_samples(&ns);
     let bindings: Api<HarnessBinding> = Api::namespaced(client.clone(), &ns);
-    // Only the bindings this test makes through the data plane (the operator is not
+    // Only the bindings the test makes through the data plane (the operator is not
     // running yet, so the sample has no finalizer).
     bindings
         .delete("conversation-sample", &DeleteParams::default())
@@ -190,33 +210,71 @@ async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_
     let keyring = Keyring::new(key, "e2e").expect("keyring");
     // The operator runs as the chart runs it: its own ServiceAccount and ClusterRole, so
     // the HarnessBinding a bind creates is created with exactly that RBAC.
-    let identity = OperatorIdentity::create(&client, &ns, dir.path()).await;
-    let mut op = Operator::start_with_kubeconfig(
+    let identity = OperatorIdentity::create(client, &ns, dir.path()).await;
+    let mut flags = vec!["--identity-key-file".into(), key_file.display().to_string()];
+    flags.extend(extra(&ns, dir.path()));
+    let op = Operator::start_with_kubeconfig(
         OperatorOptions {
             namespace: &ns,
             data_dir: &dir.path().join("data"),
             leader_lease_seconds: None,
-            extra: vec!["--identity-key-file".into(), key_file.display().to_string()],
+            extra: flags,
         },
         &identity.kubeconfig,
     );
 
     // The backend: may create and read bindings here, and act for alice only.
-    service_account(&client, &ns, "backend").await;
-    service_account(&client, &ns, "nobody").await;
+    let mut all_accounts = vec!["backend"];
+    all_accounts.extend_from_slice(accounts);
+    for account in all_accounts.iter().chain(&["nobody"]) {
+        service_account(client, &ns, account).await;
+    }
     let roles: Api<Role> = Api::namespaced(client.clone(), &ns);
     roles
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "bindings"}, "rules": [{"apiGroups": ["harness-engine.dev"], "resources": ["harnessbindings"], "verbs": ["get", "create", "update"]}]})).expect("role"))
         .await
         .expect("role");
+    let subjects: Vec<Value> = all_accounts
+        .iter()
+        .map(|a| json!({"kind": "ServiceAccount", "name": a, "namespace": ns}))
+        .collect();
     let role_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), &ns);
     role_bindings
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "backend"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bindings"}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})).expect("role binding"))
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "backend"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bindings"}, "subjects": subjects})).expect("role binding"))
         .await
         .expect("role binding");
-    let _impersonation =
-        common::Impersonation::create(&client, &format!("{ns}-act-for-alice"), &ns).await;
-    let backend = token(&client, &ns, "backend").await;
+    let impersonation = common::Impersonation::create_for(
+        client,
+        &format!("{ns}-act-for-alice"),
+        &ns,
+        &all_accounts,
+    )
+    .await;
+    let backend = token(client, &ns, "backend").await;
+    Setup {
+        ns,
+        keyring,
+        op,
+        bindings,
+        backend,
+        _impersonation: impersonation,
+        _identity: identity,
+        _dir: dir,
+        _ns: ns_guard,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_a_sandbox() {
+    let client = common::client().await;
+    let Setup {
+        ns,
+        keyring,
+        mut op,
+        bindings,
+        backend,
+        ..
+    } = setup(&client, "op-bind", &[], |_, _| Vec::new()).await;
 
     // 1. A new conversation: 201 with the HarnessBinding's name and uid.
     let conversation = "conv-through-data-plane";
@@ -399,6 +457,178 @@ async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_
         1
     );
 
+    op.stop();
+    drop_finalizers(&ns);
+}
+
+/// A memory call as `token`, acting for alice, in the context of binding `binding`.
+async fn memory(
+    op: &Operator,
+    token: &str,
+    path: &str,
+    binding: &str,
+    body: Value,
+) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .request(
+            if path.ends_with("/records") {
+                reqwest::Method::PUT
+            } else {
+                reqwest::Method::POST
+            },
+            format!("{}{path}", op.api),
+        )
+        .bearer_auth(token)
+        .header("Harness-Subject", SUBJECT)
+        .header("Harness-Binding", binding)
+        .header("Idempotency-Key", format!("memory-{}", rand_suffix()))
+        .json(&body)
+        .send()
+        .await
+        .expect("data plane answers");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Long-term memory in operator mode, configured as the chart configures it (a
+/// deployment memory configuration file naming an approver): a sensitive write by the
+/// backend is held, the configured approver (another ServiceAccount) approves it and it
+/// becomes searchable; the writer cannot approve its own write; an agent that no
+/// MemoryPolicy selects is refused long-term memory altogether.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_in_operator_mode_needs_a_policy_and_a_configured_approver() {
+    let client = common::client().await;
+    let Setup {
+        ns,
+        mut op,
+        backend,
+        ..
+    } = setup(&client, "op-memory", &["reviewer"], |ns, dir| {
+        let config = dir.join("memory.yaml");
+        std::fs::write(
+            &config,
+            format!("approvers: [\"system:serviceaccount:{ns}:reviewer\"]\n"),
+        )
+        .expect("memory config");
+        vec!["--memory-config".into(), config.display().to_string()]
+    })
+    .await;
+    let reviewer = token(&client, &ns, "reviewer").await;
+    let start = |agent: &str, conversation: &str| {
+        json!({"agent_id": agent, "conversation_id": conversation, "harness": "deepagents",
+               "sandbox_profile": "python-worker"})
+    };
+    let (status, bound) = bind(&op, &backend, SUBJECT, start(AGENT, "conv-memory")).await;
+    assert_eq!(status, 201, "{bound}");
+    let binding = bound["binding_id"].as_str().expect("binding id").to_owned();
+
+    // The sample MemoryPolicy selects research-assistant: user memory, approval for
+    // sensitive writes. A secret makes the write sensitive: held, redacted.
+    let held = eventually(
+        Duration::from_secs(30),
+        "the operator has loaded the sample MemoryPolicy",
+        || async {
+            let (status, body) = memory(
+                &op,
+                &backend,
+                "/v1/memory/user/records",
+                &binding,
+                json!({"key": "infra/db", "kind": "semantic",
+                       "content": "billing db is postgres://svc:Hunter2Hunter2@db:5432/billing"}),
+            )
+            .await;
+            (status == 201).then_some(body)
+        },
+    )
+    .await;
+    assert_eq!(held["record"]["approval_status"], "pending", "{held}");
+    let search = |token: String| {
+        let (op, binding) = (&op, binding.clone());
+        async move {
+            let (status, body) = memory(
+                op,
+                &token,
+                "/v1/memory/search",
+                &binding,
+                json!({"query": "billing db"}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["results"].as_array().map(Vec::len).unwrap_or(0)
+        }
+    };
+    assert_eq!(
+        search(backend.clone()).await,
+        0,
+        "a held write is not searchable"
+    );
+
+    // The writer is not an approver; the configured reviewer is.
+    let decision = json!({"key": "infra/db", "expected_revision": 1, "reason": "secret redacted"});
+    let (status, body) = memory(
+        &op,
+        &backend,
+        "/v1/memory/user/records/approve",
+        &binding,
+        decision.clone(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("forbidden_scope")),
+        "{body}"
+    );
+    let (status, body) = memory(
+        &op,
+        &reviewer,
+        "/v1/memory/user/records/approve",
+        &binding,
+        decision,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["record"]["approval"]["decided_by"],
+        format!("system:serviceaccount:{ns}:reviewer"),
+        "{body}"
+    );
+    assert_eq!(body["record"]["approval_status"], "approved", "{body}");
+    assert_eq!(
+        search(backend.clone()).await,
+        1,
+        "approved memory is searchable"
+    );
+
+    // An agent no MemoryPolicy selects: no long-term memory, reads and writes refused.
+    let (status, other) = bind(
+        &op,
+        &backend,
+        SUBJECT,
+        start("unlisted-agent", "conv-no-policy"),
+    )
+    .await;
+    assert_eq!(status, 201, "{other}");
+    let other = other["binding_id"].as_str().expect("binding id").to_owned();
+    for (path, body) in [
+        (
+            "/v1/memory/user/records",
+            json!({"key": "k", "kind": "semantic", "content": "likes tea"}),
+        ),
+        ("/v1/memory/search", json!({"query": "tea"})),
+    ] {
+        let (status, refused) = memory(&op, &backend, path, &other, body).await;
+        assert_eq!(
+            (status, refused["code"].as_str()),
+            (403, Some("forbidden_scope")),
+            "{path}: {refused}"
+        );
+        assert!(
+            refused["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no MemoryPolicy selects agent")),
+            "{path}: {refused}"
+        );
+    }
     op.stop();
     drop_finalizers(&ns);
 }

@@ -303,9 +303,16 @@ fn otel_env(endpoint: &str, protocol: &str) -> Vec<(&'static str, String)> {
 }
 
 fn start(args: &[&str], envs: &[(&'static str, String)]) -> (Serve, Api) {
+    // Every agent gets long-term memory (the canary turn writes and searches it).
+    let policy = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/memory_policy_all_agents.yaml"
+    );
+    let mut args = args.to_vec();
+    args.extend_from_slice(&["--memory-policy", policy]);
     let server = serve_with_principals_env(
         &[(CANARY_PRINCIPAL, CANARY_TOKEN, &[CANARY_SUBJECT])],
-        args,
+        &args,
         envs,
     );
     let api = Api::new(&server.api, &server.token);

@@ -23,11 +23,8 @@ use std::{
 
 use base64::Engine;
 use harness_engine::{
-    api::{HarnessBinding, MemoryPolicy, SandboxProfile, memory_policy::WritePolicy},
-    webhook::{
-        self, DeploymentMemoryPolicy, KubeLookup, Webhook, WebhookConfig, certs,
-        tls::ReloadingAcceptor,
-    },
+    api::{HarnessBinding, MemoryPolicy, SandboxProfile},
+    webhook::{self, KubeLookup, Webhook, WebhookConfig, certs, tls::ReloadingAcceptor},
 };
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
@@ -291,17 +288,18 @@ struct Running {
 }
 
 async fn start_webhook(client: &Client, cert_dir: &Path, operator: &str) -> Running {
-    let mut memory = DeploymentMemoryPolicy::default();
-    memory.user.loosest_write_policy = WritePolicy::ApprovalForSensitive;
-    memory.user.max_results = 50;
-    memory.organization.readable = false;
-    memory.user.allowed_kinds = vec![
-        harness_engine::api::memory_policy::MemoryKind::Semantic,
-        harness_engine::api::memory_policy::MemoryKind::EpisodicReference,
-    ];
+    // The deployment memory configuration, as `--memory-config` or the chart's
+    // `memory.config` gives it (no organization: that scope cannot be read).
+    let memory = harness_engine::domain::memory::policy::SharedMemoryPolicies::default();
+    memory.set_deployment(
+        harness_engine::domain::memory::policy::DeploymentMemoryConfig::from_yaml_str(
+            "maxWritePolicy: approval_for_sensitive\nmaxResults: 50\nallowedKinds: [semantic, episodic_reference]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
+    );
     let config = WebhookConfig {
         operator_identities: vec![operator.to_owned()],
-        memory_policy: memory,
+        memory,
     };
     let hook = Arc::new(Webhook::new(
         config,
@@ -544,7 +542,7 @@ async fn every_rule_refuses_its_bad_case_through_the_api_server() {
         "write policy looser than the deployment",
         403,
         &[
-            "spec.writePolicy: automatic_scoped is looser than the deployment memory policy allows for write scope user, which is at most approval_for_sensitive",
+            "spec.writePolicy: automatic_scoped is looser than the deployment memory configuration allows, which is at most approval_for_sensitive",
         ],
     );
     assert_webhook_refusal(
@@ -553,13 +551,13 @@ async fn every_rule_refuses_its_bad_case_through_the_api_server() {
                 &pp,
                 &memory_policy(
                     "shared",
-                    json!({"writeScope": "agent", "writePolicy": "approval_for_sensitive"}),
+                    json!({"writeScope": "agent", "writePolicy": "approval_for_sensitive", "readScopes": ["user", "agent"]}),
                 ),
             )
             .await,
         "agent-shared writes without shared learning",
         403,
-        &["spec.writePolicy", "shared learning"],
+        &["spec.writeScope", "shared learning"],
     );
     assert_webhook_refusal(
         policies
@@ -603,9 +601,7 @@ async fn every_rule_refuses_its_bad_case_through_the_api_server() {
             .await,
         "reading a scope the deployment keeps closed",
         403,
-        &[
-            "spec.readScopes[1]: the deployment memory policy does not let agents read organization memory",
-        ],
+        &["spec.readScopes[1]: this deployment has no organization scope"],
     );
     // Organization writes and empty selectors are CEL rules too: API server first, then
     // the webhook's own answer.

@@ -59,9 +59,36 @@ pub fn validate(policy: &MemoryPolicy) -> Result<String, (&'static str, String)>
     ))
 }
 
+/// [`validate`], then what the deployment memory configuration allows: a retention
+/// policy id the deployment does not define (it may have been removed after the policy
+/// was admitted) is `UnknownRetentionPolicy`; anything else it forbids is
+/// `NotAllowedByDeployment`. The data plane meanwhile refuses the writes such a policy
+/// would allow.
+pub fn validate_with(
+    policy: &MemoryPolicy,
+    deployment: &crate::domain::memory::policy::DeploymentMemoryConfig,
+) -> Result<String, (&'static str, String)> {
+    let summary = validate(policy)?;
+    let violations = crate::webhook::memory::validate(&policy.spec, deployment);
+    let Some(first) = violations.first() else {
+        return Ok(summary);
+    };
+    let reason = if first.field == "spec.retentionPolicy" {
+        "UnknownRetentionPolicy"
+    } else {
+        "NotAllowedByDeployment"
+    };
+    let message = violations
+        .iter()
+        .map(|v| format!("{}: {}", v.field, v.message))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Err((reason, message))
+}
+
 async fn apply(policy: &MemoryPolicy, ctx: &Context) -> Result<Action, Error> {
     let ns = policy.namespace().unwrap_or_default();
-    let verdict = validate(policy);
+    let verdict = validate_with(policy, &ctx.memory.snapshot().deployment);
     let bindings: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
     let selector = &policy.spec.agent_selector;
     let wanted: Option<BTreeSet<String>> = selector

@@ -57,6 +57,7 @@ pub mod leader;
 pub mod logging;
 pub mod memory_policy;
 pub mod profile;
+pub mod retention;
 pub mod webhook_certs;
 
 /// The label Agent Sandbox sets on every pod it creates for a Sandbox (its value a hash
@@ -119,6 +120,8 @@ pub struct OperatorMetrics {
     pub binding_waits: Family<WaitLabels, Counter>,
     /// Webhook certificates the operator manages: seconds until they expire.
     pub webhook_certs: webhook_certs::CertMetrics,
+    /// Retention sweeps the leader runs (`harness_engine_retention_*`).
+    pub retention: retention::RetentionMetrics,
 }
 
 impl Default for OperatorMetrics {
@@ -137,6 +140,7 @@ impl Default for OperatorMetrics {
             events_dropped: Counter::default(),
             binding_waits: Family::default(),
             webhook_certs: webhook_certs::CertMetrics::default(),
+            retention: retention::RetentionMetrics::default(),
         }
     }
 }
@@ -144,6 +148,7 @@ impl Default for OperatorMetrics {
 impl OperatorMetrics {
     /// Registers every metric in `registry` (the admin port's `/metrics`).
     pub fn register(&self, registry: &mut Registry) {
+        self.retention.register(registry);
         let r = registry.sub_registry_with_prefix("operator");
         r.register(
             "reconciles",
@@ -490,6 +495,8 @@ pub struct Context {
     pub anchors: crate::telemetry::spans::ReconcileAnchors,
     /// Consecutive reconcile failures per object (the backoff, see `failure`).
     failures: failure::Failures,
+    /// The deployment memory configuration the data plane uses (MemoryPolicy checks).
+    pub memory: crate::domain::memory::policy::SharedMemoryPolicies,
 }
 
 impl Context {
@@ -527,7 +534,17 @@ impl Context {
             projection_interval,
             anchors: crate::telemetry::spans::ReconcileAnchors::new(4096, Duration::from_secs(600)),
             failures: failure::Failures::default(),
+            memory: Default::default(),
         }
+    }
+
+    /// Shares the data plane's memory configuration (reloads reach the controllers).
+    pub fn with_memory(
+        mut self,
+        memory: crate::domain::memory::policy::SharedMemoryPolicies,
+    ) -> Self {
+        self.memory = memory;
+        self
     }
 
     /// Notes when a claim is first seen Ready (for the bind-overhead metric).

@@ -5,11 +5,14 @@
 //! operator feeds the same [`crate::domain::memory::policy::SharedMemoryPolicies`]
 //! from its watch instead.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use crate::{
     api::memory_policy::MemoryPolicy,
-    domain::memory::policy::{DeploymentMemoryConfig, MemoryPolicySet},
+    domain::memory::policy::{DeploymentMemoryConfig, MemoryPolicySet, SharedMemoryPolicies},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +36,16 @@ fn read(path: &Path) -> Result<String, MemoryConfigError> {
     })
 }
 
+/// The deployment memory configuration in `path`; the error names the file.
+pub fn load_deployment(path: &Path) -> Result<DeploymentMemoryConfig, MemoryConfigError> {
+    DeploymentMemoryConfig::from_yaml_str(&read(path)?).map_err(|message| {
+        MemoryConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        }
+    })
+}
+
 /// Builds the policy set from the files; every error names its file.
 pub fn load(
     config: Option<&Path>,
@@ -40,18 +53,7 @@ pub fn load(
 ) -> Result<MemoryPolicySet, MemoryConfigError> {
     let deployment = match config {
         None => DeploymentMemoryConfig::default(),
-        Some(path) => {
-            let d: DeploymentMemoryConfig =
-                serde_saphyr::from_str(&read(path)?).map_err(|e| MemoryConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                })?;
-            d.validate().map_err(|message| MemoryConfigError::Invalid {
-                path: path.to_path_buf(),
-                message,
-            })?;
-            d
-        }
+        Some(path) => load_deployment(path)?,
     };
     let mut set = MemoryPolicySet {
         deployment,
@@ -83,6 +85,38 @@ pub fn load(
         }
     }
     Ok(set)
+}
+
+/// Re-reads the deployment memory configuration every `every` and swaps it in when its
+/// text changed (a mounted ConfigMap changes under a running pod). An invalid file is
+/// logged as an error naming it and changes nothing: the last valid configuration
+/// stays in force. Runs until the process stops.
+pub async fn watch_deployment(path: PathBuf, shared: SharedMemoryPolicies, every: Duration) {
+    let mut last = std::fs::read(&path).ok();
+    loop {
+        tokio::time::sleep(every).await;
+        let now = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::error!(path = %path.display(), %error, "reading the deployment memory configuration");
+                continue;
+            }
+        };
+        if last.as_ref() == Some(&now) {
+            continue;
+        }
+        last = Some(now);
+        match load_deployment(&path) {
+            Ok(deployment) => {
+                shared.set_deployment(deployment);
+                tracing::info!(path = %path.display(), "deployment memory configuration reloaded");
+            }
+            Err(error) => tracing::error!(
+                %error,
+                "the changed deployment memory configuration is invalid; the previous one stays in force"
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

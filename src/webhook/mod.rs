@@ -7,8 +7,8 @@
 //! Layout, from pure to IO:
 //! - [`options`]: pure scanners (durations come from `domain::duration`);
 //! - [`binding`], [`profile`], [`memory`]: pure validators over the [`crate::api`] types,
-//!   returning [`Violation`]s; [`memory::DeploymentMemoryPolicy`] is the operator's
-//!   deployment-wide memory policy that a `MemoryPolicy` may only tighten;
+//!   returning [`Violation`]s; a `MemoryPolicy` may only tighten the deployment memory
+//!   configuration ([`crate::domain::memory::policy::DeploymentMemoryConfig`]);
 //! - [`lookup`]: how a binding's referenced objects are read (the API server in
 //!   production, fixtures in unit tests);
 //! - [`review`]: AdmissionReview v1 in, AdmissionReview v1 out, and the axum [`router`];
@@ -30,7 +30,6 @@ pub mod tls;
 use std::fmt;
 
 pub use lookup::{KubeLookup, LookupError, ObjectLookup};
-pub use memory::{DeploymentMemoryPolicy, ScopeLimits};
 pub use review::{Webhook, WebhookConfig, router};
 pub use tls::{TlsError, serve_tls};
 

@@ -21,27 +21,31 @@ use kube::core::{
 use serde::de::DeserializeOwned;
 
 use super::{
-    DEFAULT_OPERATOR_IDENTITY, DeploymentMemoryPolicy, ObjectLookup, PATH_HARNESS_BINDINGS,
-    PATH_HARNESS_BINDINGS_STATUS, PATH_MEMORY_POLICIES, PATH_SANDBOX_PROFILES, Violation,
-    ViolationKind, binding, memory, overall_kind, profile, summarize,
+    DEFAULT_OPERATOR_IDENTITY, ObjectLookup, PATH_HARNESS_BINDINGS, PATH_HARNESS_BINDINGS_STATUS,
+    PATH_MEMORY_POLICIES, PATH_SANDBOX_PROFILES, Violation, ViolationKind, binding, memory,
+    overall_kind, profile, summarize,
 };
-use crate::api::{HarnessBinding, MemoryPolicy, SandboxProfile};
+use crate::{
+    api::{HarnessBinding, MemoryPolicy, SandboxProfile},
+    domain::memory::policy::SharedMemoryPolicies,
+};
 
 /// What the operator configures.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct WebhookConfig {
     /// Users (`userInfo.username`, for a ServiceAccount
     /// `system:serviceaccount:<namespace>:<name>`) that may change `status.lease`.
     pub operator_identities: Vec<String>,
-    /// What a `MemoryPolicy` may at most allow.
-    pub memory_policy: DeploymentMemoryPolicy,
+    /// What a `MemoryPolicy` may at most allow: the deployment memory configuration,
+    /// shared with the data plane (a reload reaches both).
+    pub memory: SharedMemoryPolicies,
 }
 
 impl Default for WebhookConfig {
     fn default() -> Self {
         WebhookConfig {
             operator_identities: vec![DEFAULT_OPERATOR_IDENTITY.to_owned()],
-            memory_policy: DeploymentMemoryPolicy::default(),
+            memory: SharedMemoryPolicies::default(),
         }
     }
 }
@@ -123,10 +127,8 @@ impl Webhook {
             Ok(None) => return AdmissionResponse::from(req),
             Err(response) => return *response,
         };
-        respond(
-            req,
-            &memory::validate(&new.spec, &self.config.memory_policy),
-        )
+        let policies = self.config.memory.snapshot();
+        respond(req, &memory::validate(&new.spec, &policies.deployment))
     }
 }
 
@@ -440,10 +442,14 @@ mod tests {
             "spec": {"agentSelector": {"allAgents": true}, "writePolicy": "automatic_scoped"}});
         let req = review("MemoryPolicy", "CREATE", "alice", object, Value::Null);
         assert!(webhook().review_memory_policy(&req).allowed);
-        let mut config = WebhookConfig::default();
-        config.memory_policy.user.loosest_write_policy =
-            crate::api::memory_policy::WritePolicy::ApprovalForSensitive;
-        let strict = Webhook::new(config, Arc::new(Nothing));
+        let config = WebhookConfig::default();
+        let strict = Webhook::new(config.clone(), Arc::new(Nothing));
+        config.memory.set_deployment(
+            crate::domain::memory::policy::DeploymentMemoryConfig::from_yaml_str(
+                "maxWritePolicy: approval_for_sensitive\n",
+            )
+            .unwrap_or_else(|e| panic!("{e}")),
+        );
         let out = strict.review_memory_policy(&req);
         assert!(!out.allowed);
         assert!(

@@ -214,16 +214,19 @@ where
     }
 }
 
-/// A ClusterRole and ClusterRoleBinding letting the ServiceAccount `backend` of `ns`
-/// impersonate `user:alice` only; deleted on drop (cluster-scoped objects outlive the
-/// test namespace).
+/// A ClusterRole and ClusterRoleBinding letting ServiceAccounts of `ns` (`backend`, or
+/// those named) impersonate `user:alice` only; deleted on drop (cluster-scoped objects
+/// outlive the test namespace).
 pub struct Impersonation {
-    client: Client,
     name: String,
 }
 
 impl Impersonation {
     pub async fn create(client: &Client, name: &str, ns: &str) -> Self {
+        Self::create_for(client, name, ns, &["backend"]).await
+    }
+
+    pub async fn create_for(client: &Client, name: &str, ns: &str, accounts: &[&str]) -> Self {
         use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
         fn from_json<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
             serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
@@ -233,13 +236,16 @@ impl Impersonation {
             .create(&PostParams::default(), &from_json(serde_json::json!({"metadata": {"name": name}, "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"], "resourceNames": ["user:alice"]}]})))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+        let subjects: Vec<serde_json::Value> = accounts
+            .iter()
+            .map(|a| serde_json::json!({"kind": "ServiceAccount", "name": a, "namespace": ns}))
+            .collect();
         let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
         bindings
-            .create(&PostParams::default(), &from_json(serde_json::json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": [{"kind": "ServiceAccount", "name": "backend", "namespace": ns}]})))
+            .create(&PostParams::default(), &from_json(serde_json::json!({"metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}, "subjects": subjects})))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         Impersonation {
-            client: client.clone(),
             name: name.to_owned(),
         }
     }
@@ -248,19 +254,14 @@ impl Impersonation {
 impl Drop for Impersonation {
     fn drop(&mut self) {
         use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-        let (client, name) = (self.client.clone(), self.name.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let _ = std::thread::spawn(move || {
-                handle.block_on(async move {
-                    let _ = Api::<ClusterRoleBinding>::all(client.clone())
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                    let _ = Api::<ClusterRole>::all(client)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                })
-            })
-            .join();
-        }
+        let name = self.name.clone();
+        cleanup_blocking("impersonation", move |client| async move {
+            let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                .delete(&name, &DeleteParams::default())
+                .await;
+            let _ = Api::<ClusterRole>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }

@@ -293,7 +293,12 @@ mod tests {
         let (ns, d) = fixture();
         let policy = MemoryPolicySet {
             deployment: d.clone(),
-            ..Default::default()
+            policies: [(
+                "all".to_owned(),
+                serde_json::from_value(serde_json::json!({"agentSelector": {"allAgents": true}}))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )]
+            .into(),
         }
         .effective("agent-1");
         let writer = Writer {

@@ -57,8 +57,9 @@ pub struct DeploymentMemoryConfig {
     /// The least strict write policy any agent gets (`disabled` turns writes off).
     #[serde(default = "default_ceiling")]
     pub max_write_policy: WritePolicy,
-    /// Whether a `MemoryPolicy` may turn on agent-scope (shared learning) writes.
-    #[serde(default = "yes")]
+    /// Whether a `MemoryPolicy` may turn on agent-scope (shared learning) writes. Off
+    /// unless the deployment opts in (spec 000: agent memory is read-only by default).
+    #[serde(default)]
     pub allow_shared_learning: bool,
     /// Whether the `merge` consolidation policy may be used.
     #[serde(default = "yes")]
@@ -122,7 +123,7 @@ impl Default for DeploymentMemoryConfig {
             approvers: Vec::new(),
             application_writers: Vec::new(),
             max_write_policy: default_ceiling(),
-            allow_shared_learning: true,
+            allow_shared_learning: false,
             allow_consolidation: true,
             allowed_kinds: None,
             require_approval: false,
@@ -135,6 +136,22 @@ impl Default for DeploymentMemoryConfig {
 }
 
 impl DeploymentMemoryConfig {
+    /// Parses YAML (or JSON) and checks it; an empty document is the default. The error
+    /// says what is wrong without a file name (the caller adds it).
+    pub fn from_yaml_str(text: &str) -> Result<Self, String> {
+        let blank = text
+            .lines()
+            .map(str::trim)
+            .all(|l| l.is_empty() || l.starts_with('#') || l == "---");
+        let config: DeploymentMemoryConfig = if blank {
+            DeploymentMemoryConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| e.to_string())?
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Checks what a YAML file cannot express in types.
     pub fn validate(&self) -> Result<(), String> {
         if self.retention.is_empty() {
@@ -230,15 +247,14 @@ impl MemoryPolicySet {
         })
     }
 
-    /// The effective policy of `agent_id`: its `MemoryPolicy` (or the built-in default,
-    /// which is the CRD's defaults: user scope, approval for sensitive writes, semantic
-    /// memory) narrowed by the deployment.
+    /// The effective policy of `agent_id`: its `MemoryPolicy` narrowed by the
+    /// deployment. An agent no policy selects gets no long-term memory at all
+    /// (`spec/001_78d7ff78f70a2a2a.txt` §1: memory is opt-in per agent).
     pub fn effective(&self, agent_id: &str) -> EffectivePolicy {
-        let selected = self.select(agent_id);
-        let (name, spec) = match selected {
-            Some(p) => (Some(p.name), p.spec),
-            None => (None, default_spec()),
+        let Some(selected) = self.select(agent_id) else {
+            return EffectivePolicy::none(&self.deployment, agent_id);
         };
+        let (name, spec) = (Some(selected.name), selected.spec);
         let d = &self.deployment;
         let mut restriction = None;
         let mut write_policy = stricter(spec.write_policy, d.max_write_policy);
@@ -310,10 +326,25 @@ impl MemoryPolicySet {
     }
 }
 
-fn default_spec() -> MemoryPolicySpec {
-    // The CRD's own defaults: an empty selector is filled in, every other field defaults.
-    serde_json::from_value(serde_json::json!({"agentSelector": {"allAgents": true}}))
-        .unwrap_or_else(|_| unreachable!("the MemoryPolicy defaults deserialize"))
+impl EffectivePolicy {
+    /// No `MemoryPolicy` selects the agent: nothing to read, nothing to write.
+    fn none(deployment: &DeploymentMemoryConfig, agent_id: &str) -> Self {
+        EffectivePolicy {
+            policy: None,
+            enabled: false,
+            read_scopes: Vec::new(),
+            write_scope: None,
+            write_policy: WritePolicy::Disabled,
+            kinds: Vec::new(),
+            max_results: 1,
+            retention: deployment.retention[0].clone(),
+            consolidation: Consolidation::Disabled,
+            require_approval: deployment.require_approval,
+            restriction: Some(format!(
+                "no MemoryPolicy selects agent {agent_id:?}, so it has no long-term memory (create one whose agentSelector names it)"
+            )),
+        }
+    }
 }
 
 /// Who is writing: a sandbox worker (model-produced content) or a control-plane
@@ -348,6 +379,10 @@ pub fn authorize_read(
 ) -> Result<(), Rejection> {
     if writer.is_application_writer || policy.read_scopes.contains(&scope) {
         Ok(())
+    } else if policy.policy.is_none()
+        && let Some(why) = &policy.restriction
+    {
+        Err(Rejection::Forbidden(why.clone()))
     } else {
         Err(Rejection::Forbidden(format!(
             "the memory policy of this agent does not allow reading {} memory",
@@ -493,10 +528,71 @@ mod tests {
         }
     }
 
+    /// The CRD's defaults: what a policy selecting everyone with no other field gets.
+    fn all_agents() -> MemoryPolicySet {
+        set(
+            &[(
+                "all",
+                serde_json::json!({"agentSelector": {"allAgents": true}}),
+            )],
+            DeploymentMemoryConfig::default(),
+        )
+    }
+
     #[test]
-    fn default_is_user_scope_with_approval_for_sensitive() {
+    fn deployment_configuration_text() {
+        for empty in ["", "# the defaults\n", "---\n# nothing\n"] {
+            assert_eq!(
+                DeploymentMemoryConfig::from_yaml_str(empty),
+                Ok(DeploymentMemoryConfig::default()),
+                "{empty:?}"
+            );
+        }
+        let d = DeploymentMemoryConfig::from_yaml_str(
+            "organization: acme\napprovers: [r]\nallowSharedLearning: true\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.organization.as_deref(), Some("acme"));
+        assert!(d.allow_shared_learning);
+        for (bad, says) in [
+            ("approvers: r: x\n", ""),
+            ("approver: [r]\n", "approver"),
+            ("retention: []\n", "retention must list at least one policy"),
+            (
+                "retention: [{id: a}, {id: a}]\n",
+                "retention policy ids must be unique",
+            ),
+        ] {
+            let e = DeploymentMemoryConfig::from_yaml_str(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn no_policy_means_no_long_term_memory() {
         let e = MemoryPolicySet::default().effective("agent-1");
         assert_eq!(e.policy, None);
+        assert!(!e.enabled);
+        assert_eq!(e.write_scope, None);
+        assert!(e.read_scopes.is_empty());
+        for scope in [MemoryScope::User, MemoryScope::Agent] {
+            let refused = authorize_read(&e, &worker(), scope).unwrap_err();
+            assert!(
+                format!("{refused:?}").contains("no MemoryPolicy selects agent"),
+                "{refused:?}"
+            );
+            let refused = authorize_write(&e, &worker(), scope, MemoryKind::Semantic).unwrap_err();
+            assert!(
+                format!("{refused:?}").contains("no MemoryPolicy selects"),
+                "{refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_is_user_scope_with_approval_for_sensitive() {
+        let e = all_agents().effective("agent-1");
+        assert_eq!(e.policy.as_deref(), Some("all"));
         assert_eq!(e.write_scope, Some(MemoryScope::User));
         assert_eq!(e.write_policy, WritePolicy::ApprovalForSensitive);
         assert_eq!(e.read_scopes, vec![MemoryScope::User]);
@@ -556,7 +652,14 @@ mod tests {
     fn shared_learning_and_kinds_follow_the_deployment() {
         let p = serde_json::json!({"agentSelector": {"agentIds": ["a"]}, "writeScope": "agent",
             "kinds": ["semantic", "procedural"], "writePolicy": "automatic_scoped"});
-        let open = set(&[("p", p.clone())], DeploymentMemoryConfig::default()).effective("a");
+        let open = set(
+            &[("p", p.clone())],
+            DeploymentMemoryConfig {
+                allow_shared_learning: true,
+                ..Default::default()
+            },
+        )
+        .effective("a");
         assert_eq!(open.write_scope, Some(MemoryScope::Agent));
         let closed = set(
             &[("p", p)],
@@ -601,7 +704,7 @@ mod tests {
 
     #[test]
     fn write_authorization_table() {
-        let e = MemoryPolicySet::default().effective("a");
+        let e = all_agents().effective("a");
         let app = Writer {
             principal: "app".into(),
             is_worker: false,
@@ -679,7 +782,12 @@ mod tests {
             "a held snapshot does not change"
         );
         assert!(!shared.snapshot().effective("a").enabled);
-        shared.remove("p");
+        shared.upsert(
+            "p",
+            spec(serde_json::json!({"agentSelector": {"agentIds": ["a"]}})),
+        );
         assert!(shared.snapshot().effective("a").enabled);
+        shared.remove("p");
+        assert!(shared.snapshot().effective("a").policy.is_none());
     }
 }
