@@ -588,6 +588,13 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             args.namespace.clone(),
             state.memory_policies().clone(),
         ));
+        let scopes = harness_engine::domain::memory::policy::BindingScopes::default();
+        state.use_binding_scopes(scopes.clone());
+        tokio::spawn(operator::memory_policy::feed_bindings(
+            client.clone(),
+            args.namespace.clone(),
+            scopes,
+        ));
         let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
         let managed_certs = match &args.webhook_certs_secret {
             Some(secret) => Some(Arc::new(operator::webhook_certs::CertConfig {

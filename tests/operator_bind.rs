@@ -15,7 +15,7 @@ use common::{
 };
 use harness_engine::{
     api::{
-        BINDING_ID_LABEL, HarnessBinding, Lifecycle, conditions,
+        BINDING_ID_LABEL, HarnessBinding, Lifecycle, MemoryPolicy, conditions,
         sandbox::{Sandbox, SandboxClaim},
     },
     domain::ids::Keyring,
@@ -267,13 +267,18 @@ async fn setup(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_started_through_the_data_plane_gets_a_ready_binding_and_a_sandbox() {
     let client = common::client().await;
+    // Every field bound (a `..` would drop the namespace and the operator's identity
+    // at once); the operator is bound last, so it stops first.
     let Setup {
+        _ns,
+        _dir,
+        _identity,
+        _impersonation,
         ns,
         keyring,
-        mut op,
         bindings,
         backend,
-        ..
+        mut op,
     } = setup(&client, "op-bind", &[], |_, _| Vec::new()).await;
 
     // 1. A new conversation: 201 with the HarnessBinding's name and uid.
@@ -499,10 +504,15 @@ async fn memory(
 async fn memory_in_operator_mode_needs_a_policy_and_a_configured_approver() {
     let client = common::client().await;
     let Setup {
+        _ns,
+        _dir,
+        _identity,
+        _impersonation,
         ns,
-        mut op,
+        keyring: _,
+        bindings: _,
         backend,
-        ..
+        mut op,
     } = setup(&client, "op-memory", &["reviewer"], |ns, dir| {
         let config = dir.join("memory.yaml");
         std::fs::write(
@@ -629,6 +639,61 @@ async fn memory_in_operator_mode_needs_a_policy_and_a_configured_approver() {
             "{path}: {refused}"
         );
     }
+
+    // A binding's memoryPolicyRef names the one policy that applies: a read-only policy
+    // for the same agent makes its writes refused, where the namespace's own selection
+    // (the sample policy) would have admitted them.
+    let policies: Api<MemoryPolicy> = Api::namespaced(client.clone(), &ns);
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "read-only"},
+                "spec": {"agentSelector": {"agentIds": [AGENT]}, "writePolicy": "disabled"}}))
+            .expect("policy"),
+        )
+        .await
+        .expect("create the read-only policy");
+    let mut by_ref = start(AGENT, "conv-by-ref");
+    by_ref["memory_policy"] = json!("read-only");
+    let (status, bound) = bind(&op, &backend, SUBJECT, by_ref).await;
+    assert_eq!(status, 201, "{bound}");
+    let by_ref = bound["binding_id"].as_str().expect("binding id").to_owned();
+    let refused = eventually(
+        Duration::from_secs(30),
+        "the write under the named read-only policy is refused",
+        || async {
+            let (status, body) = memory(
+                &op,
+                &backend,
+                "/v1/memory/user/records",
+                &by_ref,
+                json!({"key": "k2", "kind": "semantic", "content": "likes oolong"}),
+            )
+            .await;
+            (status == 403).then_some(body)
+        },
+    )
+    .await;
+    assert!(
+        refused["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("read-only")),
+        "{refused}"
+    );
+    let (status, body) = memory(
+        &op,
+        &backend,
+        "/v1/memory/search",
+        &by_ref,
+        json!({"query": "billing db"}),
+    )
+    .await;
+    assert_eq!(status, 200, "reads stay allowed: {body}");
+    assert_eq!(
+        body["results"].as_array().map(Vec::len),
+        Some(1),
+        "the same user's approved memory: {body}"
+    );
     op.stop();
     drop_finalizers(&ns);
 }

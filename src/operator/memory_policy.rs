@@ -213,3 +213,60 @@ pub async fn feed(
 fn policy_key(p: &MemoryPolicy) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
+
+/// Keeps the data plane's binding id -> (namespace, `memoryPolicyRef`) map equal to the
+/// HarnessBindings it can see, so a memory call is governed by the policies of its
+/// binding's own namespace (or the one policy the binding names). Runs on every replica.
+/// A binding without the binding-id label yet (created as YAML, before its first
+/// reconcile) is added once the controller labels it.
+pub async fn feed_bindings(
+    client: kube::Client,
+    namespace: Option<String>,
+    scopes: crate::domain::memory::policy::BindingScopes,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<HarnessBinding> = match &namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let mut initial = std::collections::BTreeMap::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => initial.clear(),
+            Ok(watcher::Event::InitApply(b)) => {
+                if let Some((id, scope)) = binding_scope(&b) {
+                    initial.insert(id, scope);
+                }
+            }
+            Ok(watcher::Event::InitDone) => scopes.replace(std::mem::take(&mut initial)),
+            Ok(watcher::Event::Apply(b)) => {
+                if let Some((id, scope)) = binding_scope(&b) {
+                    scopes.set(&id, scope);
+                }
+            }
+            Ok(watcher::Event::Delete(b)) => {
+                if let Some((id, _)) = binding_scope(&b) {
+                    scopes.remove(&id);
+                }
+            }
+            Err(e) => tracing::warn!("watching HarnessBindings for memory policy scopes: {e}"),
+        }
+    }
+}
+
+/// A binding's id (its label) and where its memory policy comes from.
+pub fn binding_scope(
+    b: &HarnessBinding,
+) -> Option<(String, crate::domain::memory::policy::PolicyScope)> {
+    let id = b.labels().get(crate::api::BINDING_ID_LABEL)?.clone();
+    Some((
+        id,
+        crate::domain::memory::policy::PolicyScope {
+            namespace: b.namespace()?,
+            policy_ref: b.spec.memory_policy_ref.as_ref().map(|r| r.name.clone()),
+        },
+    ))
+}

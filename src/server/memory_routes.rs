@@ -555,7 +555,19 @@ async fn resolve(
         }
     }
     let policies = state.memory_policies().snapshot();
-    let policy = policies.effective(&binding.agent_id);
+    let policy = match state.binding_scopes() {
+        None => policies.effective(&binding.agent_id),
+        // Kubernetes: the policies of the binding's own namespace, or its memoryPolicyRef.
+        Some(scopes) => match scopes.get(binding.binding_id.as_str()) {
+            Some(scope) => policies.effective_in(&binding.agent_id, &scope),
+            None => {
+                return Err(ApiError::new(
+                    ErrorCode::Unavailable,
+                    "this replica has not seen the binding's HarnessBinding yet, so it cannot choose its memory policy; retry",
+                ));
+            }
+        },
+    };
     let writer = Writer::of(
         &policies.deployment,
         caller.principal(),
@@ -786,6 +798,14 @@ async fn search_memory(
         Some(s) => s.iter().map(|s| (*s).into()).collect(),
         None => call.policy.read_scopes.clone(),
     };
+    // No policy applies to this agent (none selects it, or its memoryPolicyRef names
+    // none): refused, not an empty answer that reads like "nothing remembered".
+    if call.policy.policy.is_none()
+        && !call.writer.is_application_writer
+        && let Some(why) = &call.policy.restriction
+    {
+        return Err(ApiError::forbidden(why.clone()));
+    }
     // 1. authorization, before any store call.
     let scopes = pipeline::searchable_scopes(&call.policy, &call.writer, &asked)?;
     if req.query.len() > 4096 {

@@ -31,7 +31,11 @@ use tokio::net::TcpListener;
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{
-    domain::{ids::Keyring, limits::Limits, memory::policy::SharedMemoryPolicies},
+    domain::{
+        ids::Keyring,
+        limits::Limits,
+        memory::policy::{BindingScopes, SharedMemoryPolicies},
+    },
     store::Store,
     telemetry::IngressPolicy,
 };
@@ -94,6 +98,7 @@ struct Inner {
     ledger_budgets: ledger_routes::LedgerBudgets,
     openapi_json: String,
     binding_objects: OnceLock<Arc<dyn binding_objects::BindingObjects>>,
+    binding_scopes: OnceLock<BindingScopes>,
 }
 
 /// What every handler reads: the store, the keyring, the authenticator, the settings.
@@ -130,6 +135,7 @@ impl AppState {
             ledger_budgets,
             openapi_json,
             binding_objects: OnceLock::new(),
+            binding_scopes: OnceLock::new(),
         }))
     }
     pub fn store(&self) -> &dyn Store {
@@ -165,6 +171,15 @@ impl AppState {
     /// `objects` ([`binding_objects`]). Set once, before serving; `false` if already set.
     pub fn use_binding_objects(&self, objects: Arc<dyn binding_objects::BindingObjects>) -> bool {
         self.0.binding_objects.set(objects).is_ok()
+    }
+    /// Operator mode: memory policies are chosen per binding namespace and
+    /// `memoryPolicyRef` from `scopes` (kept by the HarnessBinding watch). Set once.
+    pub fn use_binding_scopes(&self, scopes: BindingScopes) -> bool {
+        self.0.binding_scopes.set(scopes).is_ok()
+    }
+    /// Where each binding's HarnessBinding lives, in operator mode; `None` in `serve`.
+    pub fn binding_scopes(&self) -> Option<&BindingScopes> {
+        self.0.binding_scopes.get()
     }
     /// The HarnessBinding side of a bind, in operator mode; `None` in `serve` mode.
     pub fn binding_objects(&self) -> Option<&dyn binding_objects::BindingObjects> {

@@ -211,6 +211,47 @@ pub struct EffectivePolicy {
     pub restriction: Option<String>,
 }
 
+/// Where a binding's HarnessBinding lives, for choosing its memory policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyScope {
+    pub namespace: String,
+    /// `spec.memoryPolicyRef.name`, when the binding names its policy.
+    pub policy_ref: Option<String>,
+}
+
+/// Binding id -> [`PolicyScope`], kept by the operator's HarnessBinding watch on every
+/// replica (the data plane reads it on each memory call).
+#[derive(Clone, Debug, Default)]
+pub struct BindingScopes(Arc<RwLock<BTreeMap<String, PolicyScope>>>);
+
+impl BindingScopes {
+    pub fn get(&self, binding_id: &str) -> Option<PolicyScope> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(binding_id)
+            .cloned()
+    }
+    pub fn set(&self, binding_id: &str, scope: PolicyScope) {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(binding_id.to_owned(), scope);
+    }
+    pub fn remove(&self, binding_id: &str) {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(binding_id);
+    }
+    pub fn replace(&self, all: BTreeMap<String, PolicyScope>) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = all;
+    }
+}
+
 /// A named `MemoryPolicy` (`namespace/name` in Kubernetes, the file's name in `serve`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedPolicy {
@@ -230,17 +271,19 @@ impl MemoryPolicySet {
     /// The policy selecting `agent_id`: one naming the agent wins over `allAgents`; ties
     /// go to the first name in order, so the choice never depends on load order.
     pub fn select(&self, agent_id: &str) -> Option<NamedPolicy> {
-        let named = self.policies.iter().find(|(_, p)| {
+        self.select_where(agent_id, |_| true)
+    }
+
+    /// [`MemoryPolicySet::select`] among the policies whose name passes `keep`.
+    fn select_where(&self, agent_id: &str, keep: impl Fn(&str) -> bool) -> Option<NamedPolicy> {
+        let candidates = || self.policies.iter().filter(|(name, _)| keep(name));
+        let named = candidates().find(|(_, p)| {
             p.agent_selector
                 .agent_ids
                 .as_ref()
                 .is_some_and(|ids| ids.iter().any(|id| id == agent_id))
         });
-        let any = || {
-            self.policies
-                .iter()
-                .find(|(_, p)| p.agent_selector.all_agents == Some(true))
-        };
+        let any = || candidates().find(|(_, p)| p.agent_selector.all_agents == Some(true));
         named.or_else(any).map(|(name, spec)| NamedPolicy {
             name: name.clone(),
             spec: spec.clone(),
@@ -251,10 +294,53 @@ impl MemoryPolicySet {
     /// deployment. An agent no policy selects gets no long-term memory at all
     /// (`spec/001_78d7ff78f70a2a2a.txt` §1: memory is opt-in per agent).
     pub fn effective(&self, agent_id: &str) -> EffectivePolicy {
-        let Some(selected) = self.select(agent_id) else {
-            return EffectivePolicy::none(&self.deployment, agent_id);
+        match self.select(agent_id) {
+            Some(p) => self.narrow(p.name, p.spec),
+            None => EffectivePolicy::none(&self.deployment, agent_id),
+        }
+    }
+
+    /// [`MemoryPolicySet::effective`] for a binding in Kubernetes: only the policies of
+    /// the binding's own namespace select its agent (policy names are `namespace/name`),
+    /// and a `memoryPolicyRef` on the binding names the one policy that applies.
+    pub fn effective_in(&self, agent_id: &str, scope: &PolicyScope) -> EffectivePolicy {
+        let prefix = format!("{}/", scope.namespace);
+        let Some(reference) = &scope.policy_ref else {
+            return match self.select_where(agent_id, |name| name.starts_with(&prefix)) {
+                Some(p) => self.narrow(p.name, p.spec),
+                None => EffectivePolicy::none(&self.deployment, agent_id),
+            };
         };
-        let (name, spec) = (Some(selected.name), selected.spec);
+        let key = format!("{prefix}{reference}");
+        match self.policies.get(&key) {
+            Some(spec)
+                if spec.agent_selector.all_agents == Some(true)
+                    || spec
+                        .agent_selector
+                        .agent_ids
+                        .as_ref()
+                        .is_some_and(|ids| ids.iter().any(|id| id == agent_id)) =>
+            {
+                self.narrow(key, spec.clone())
+            }
+            Some(_) => EffectivePolicy::refused(
+                &self.deployment,
+                format!(
+                    "the MemoryPolicy {key} named by this binding's memoryPolicyRef does not select agent {agent_id:?}"
+                ),
+            ),
+            None => EffectivePolicy::refused(
+                &self.deployment,
+                format!(
+                    "the MemoryPolicy {key} named by this binding's memoryPolicyRef does not exist or is not valid"
+                ),
+            ),
+        }
+    }
+
+    /// `spec` (the policy `name`) narrowed by the deployment.
+    fn narrow(&self, name: String, spec: MemoryPolicySpec) -> EffectivePolicy {
+        let name = Some(name);
         let d = &self.deployment;
         let mut restriction = None;
         let mut write_policy = stricter(spec.write_policy, d.max_write_policy);
@@ -329,6 +415,16 @@ impl MemoryPolicySet {
 impl EffectivePolicy {
     /// No `MemoryPolicy` selects the agent: nothing to read, nothing to write.
     fn none(deployment: &DeploymentMemoryConfig, agent_id: &str) -> Self {
+        Self::refused(
+            deployment,
+            format!(
+                "no MemoryPolicy selects agent {agent_id:?}, so it has no long-term memory (create one whose agentSelector names it)"
+            ),
+        )
+    }
+
+    /// No long-term memory, for the reason `why`.
+    fn refused(deployment: &DeploymentMemoryConfig, why: String) -> Self {
         EffectivePolicy {
             policy: None,
             enabled: false,
@@ -340,9 +436,7 @@ impl EffectivePolicy {
             retention: deployment.retention[0].clone(),
             consolidation: Consolidation::Disabled,
             require_approval: deployment.require_approval,
-            restriction: Some(format!(
-                "no MemoryPolicy selects agent {agent_id:?}, so it has no long-term memory (create one whose agentSelector names it)"
-            )),
+            restriction: Some(why),
         }
     }
 }
@@ -566,6 +660,65 @@ mod tests {
             let e = DeploymentMemoryConfig::from_yaml_str(bad).unwrap_err();
             assert!(e.contains(says), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn in_kubernetes_policies_select_only_their_namespace_and_a_ref_names_one() {
+        let s = set(
+            &[
+                (
+                    "team-a/all",
+                    serde_json::json!({"agentSelector": {"allAgents": true}}),
+                ),
+                (
+                    "team-a/strict",
+                    serde_json::json!({"agentSelector": {"agentIds": ["bot"]}, "writePolicy": "disabled"}),
+                ),
+                (
+                    "team-b/all",
+                    serde_json::json!({"agentSelector": {"allAgents": true}, "maxResults": 3}),
+                ),
+            ],
+            DeploymentMemoryConfig::default(),
+        );
+        let scope = |ns: &str, r: Option<&str>| PolicyScope {
+            namespace: ns.into(),
+            policy_ref: r.map(str::to_owned),
+        };
+        // (agent, scope, chosen policy or None, part of the refusal)
+        let cases = [
+            ("bot", scope("team-a", None), Some("team-a/strict"), ""),
+            ("other", scope("team-a", None), Some("team-a/all"), ""),
+            ("bot", scope("team-b", None), Some("team-b/all"), ""),
+            (
+                "bot",
+                scope("team-c", None),
+                None,
+                "no MemoryPolicy selects agent",
+            ),
+            ("bot", scope("team-a", Some("all")), Some("team-a/all"), ""),
+            (
+                "other",
+                scope("team-a", Some("strict")),
+                None,
+                "does not select agent",
+            ),
+            ("bot", scope("team-a", Some("gone")), None, "does not exist"),
+            ("bot", scope("team-c", Some("all")), None, "team-c/all"),
+        ];
+        for (agent, sc, want, why) in cases {
+            let e = s.effective_in(agent, &sc);
+            assert_eq!(e.policy.as_deref(), want, "{agent} in {sc:?}");
+            if want.is_none() {
+                assert!(!e.enabled && e.read_scopes.is_empty(), "{agent} in {sc:?}");
+                assert!(
+                    e.restriction.as_deref().is_some_and(|r| r.contains(why)),
+                    "{agent} in {sc:?}: {:?}",
+                    e.restriction
+                );
+            }
+        }
+        assert_eq!(s.effective_in("x", &scope("team-b", None)).max_results, 3);
     }
 
     #[test]
