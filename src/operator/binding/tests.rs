@@ -550,6 +550,17 @@ fn the_lease_is_claimed_fenced_and_bound_in_order() {
                 ..Default::default()
             },
         },
+    ];
+    for case in cases {
+        check(case);
+    }
+}
+
+#[test]
+fn the_claim_is_created_released_and_bound() {
+    let started = at(9_950);
+    let claiming = || binding(Some(lease(1, Lifecycle::Claiming, started.clone())));
+    let cases = vec![
         Case {
             name: "replacing at generation 2: older claims are released before the claim exists",
             binding: binding(Some(lease(2, Lifecycle::Replacing, started.clone()))),
@@ -757,13 +768,6 @@ fn a_ready_or_busy_lease_is_kept_projected_hibernated_or_renewed() {
             uncertain_runs,
         })
     };
-    let expired = {
-        let mut s = bound(Lifecycle::Ready, at(9_000));
-        if let Some(l) = s.lease.as_mut() {
-            l.expires_at = Some(at(9_999));
-        }
-        s
-    };
     let cases = vec![
         Case {
             name: "ready, worker in place, head not due: nothing to write, look again in 30 s",
@@ -820,6 +824,22 @@ fn a_ready_or_busy_lease_is_kept_projected_hibernated_or_renewed() {
                 ..Default::default()
             },
         },
+    ];
+    for case in cases {
+        check(case);
+    }
+}
+
+#[test]
+fn a_ready_lease_is_hibernated_or_renewed_and_its_activity_seen() {
+    let expired = {
+        let mut s = bound(Lifecycle::Ready, at(9_000));
+        if let Some(l) = s.lease.as_mut() {
+            l.expires_at = Some(at(9_999));
+        }
+        s
+    };
+    let cases = vec![
         Case {
             name: "idle past the idle TTL (no commit, no bind, no store write): hibernated",
             binding: binding(Some(bound(Lifecycle::Ready, at(0)))),
