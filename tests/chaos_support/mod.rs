@@ -517,7 +517,12 @@ async fn run_async(config: Config) -> RunReport {
                     .arg(&data_dir)
                     .arg("--tokens-file")
                     .arg(&tokens)
-                    .args(["--environment", "chaos", "--request-timeout-ms", "3000"]);
+                    .args(["--environment", "chaos", "--request-timeout-ms", "3000"])
+                    .arg("--memory-policy")
+                    .arg(concat!(
+                        env!("CARGO_MANIFEST_DIR"),
+                        "/tests/fixtures/memory_policy_all_agents.yaml"
+                    ));
                 cmd
             });
             (engine, None, 0, 0)

@@ -82,6 +82,15 @@ async fn run(config: NodeConfig) -> anyhow::Result<()> {
         Arc::new(setup.tokens),
         server_config,
     );
+    // Every agent gets long-term memory, as `serve --memory-policy` with the fixture.
+    state.memory_policies().replace(
+        harness_engine::server::memory_config::load(
+            None,
+            &[std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/memory_policy_all_agents.yaml")],
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
     let api = tokio::net::TcpListener::bind(config.api).await?;
     let admin = tokio::net::TcpListener::bind(config.admin).await?;
     let control = tokio::net::TcpListener::bind(config.control).await?;
