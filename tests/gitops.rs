@@ -418,7 +418,7 @@ async fn every_state_reads_the_same_in_argocd_kstatus_and_flux() {
         .patch(
             "unreadable-writes",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"readScopes": ["user", "agent"]}})),
+            &Patch::Merge(json!({"spec": {"writeScope": "user"}})),
         )
         .await
         .expect("fix the policy");

@@ -232,8 +232,16 @@ fn fixture() -> Fixture {
     Fixture {
         namespace: Namespace::derive(&keyring, &ctx, MemoryScope::User)
             .unwrap_or_else(|e| panic!("{e}")),
-        // No MemoryPolicy selects the agent: the CRD defaults, approval_for_sensitive.
-        policies: MemoryPolicySet::default(),
+        // A MemoryPolicy selecting every agent with the CRD defaults: approval_for_sensitive.
+        policies: MemoryPolicySet {
+            policies: [(
+                "all-agents".to_owned(),
+                serde_json::from_value(serde_json::json!({"agentSelector": {"allAgents": true}}))
+                    .unwrap_or_else(|e| panic!("{e}")),
+            )]
+            .into(),
+            ..Default::default()
+        },
         writer: Writer {
             principal: "worker-1".into(),
             is_worker: true,

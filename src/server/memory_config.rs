@@ -92,7 +92,7 @@ pub fn load(
 /// logged as an error naming it and changes nothing: the last valid configuration
 /// stays in force. Runs until the process stops.
 pub async fn watch_deployment(path: PathBuf, shared: SharedMemoryPolicies, every: Duration) {
-    let mut last = std::fs::read(&path).ok();
+    let mut last: Option<Vec<u8>> = None;
     loop {
         tokio::time::sleep(every).await;
         let now = match std::fs::read(&path) {
@@ -107,6 +107,7 @@ pub async fn watch_deployment(path: PathBuf, shared: SharedMemoryPolicies, every
         }
         last = Some(now);
         match load_deployment(&path) {
+            Ok(deployment) if deployment == shared.snapshot().deployment => {}
             Ok(deployment) => {
                 shared.set_deployment(deployment);
                 tracing::info!(path = %path.display(), "deployment memory configuration reloaded");
@@ -164,6 +165,42 @@ mod tests {
             .unwrap_or_default();
         assert!(err.contains("retention"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A changed file reaches the shared snapshot (the data plane and the webhook read
+    /// the same one); an invalid change is ignored and the last valid one stays.
+    #[tokio::test]
+    async fn a_changed_configuration_is_reloaded_and_an_invalid_one_ignored() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.path().join("memory.yaml");
+        std::fs::write(&path, "organization: acme\n").unwrap_or_else(|e| panic!("{e}"));
+        let shared = SharedMemoryPolicies::default();
+        shared.set_deployment(load_deployment(&path).unwrap_or_else(|e| panic!("{e}")));
+        let task = tokio::spawn(watch_deployment(
+            path.clone(),
+            shared.clone(),
+            Duration::from_millis(20),
+        ));
+        let settle = || tokio::time::sleep(Duration::from_millis(200));
+        std::fs::write(&path, "organization: acme\napprovers: [reviewer]\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        settle().await;
+        assert_eq!(shared.snapshot().deployment.approvers, ["reviewer"]);
+        std::fs::write(&path, "approvers: reviewer: [\n").unwrap_or_else(|e| panic!("{e}"));
+        settle().await;
+        assert_eq!(
+            shared.snapshot().deployment.approvers,
+            ["reviewer"],
+            "an invalid file changes nothing"
+        );
+        std::fs::write(&path, "").unwrap_or_else(|e| panic!("{e}"));
+        settle().await;
+        assert_eq!(
+            shared.snapshot().deployment,
+            DeploymentMemoryConfig::default(),
+            "an emptied file is the defaults"
+        );
+        task.abort();
     }
 
     fn tempfile_dir() -> PathBuf {

@@ -81,7 +81,13 @@ impl Operator {
             }
         }
         cmd.args(&opts.extra);
-        let stderr = std::fs::File::create(&log).expect("log file");
+        // Both streams append to one file: stdout through the copy below, stderr straight
+        // from the process (without O_APPEND its writes would overwrite the copied lines).
+        std::fs::File::create(&log).expect("log file");
+        let stderr = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log)
+            .expect("log file");
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -82,10 +82,17 @@ pub fn proposal(key: &str, body: &str) -> Proposal {
     }
 }
 
+/// The deployment with one policy selecting every agent (the CRD's defaults): without
+/// a policy an agent has no long-term memory.
 fn policies(deployment: DeploymentMemoryConfig) -> MemoryPolicySet {
     MemoryPolicySet {
         deployment,
-        ..Default::default()
+        policies: [(
+            "all-agents".to_owned(),
+            serde_json::from_value(serde_json::json!({"agentSelector": {"allAgents": true}}))
+                .unwrap_or_else(|e| panic!("{e}")),
+        )]
+        .into(),
     }
 }
 
@@ -692,7 +699,8 @@ pub async fn revisions_and_consolidation<S: Store + ?Sized>(store: &S) {
     // The merge policy.
     let mut merging = set.clone();
     merging.policies.insert(
-        "merge".into(),
+        // Sorts before "all-agents": ties between allAgents policies go to the first name.
+        "a-merge".into(),
         serde_json::from_value(
             serde_json::json!({"agentSelector": {"allAgents": true}, "consolidation": "merge"}),
         )
