@@ -6,6 +6,7 @@
 //! Nothing is mocked; the local control plane comes from `e2e/scripts/with-control-plane.sh`.
 
 mod common;
+mod store_conformance;
 
 use std::time::Duration;
 
@@ -694,6 +695,144 @@ async fn memory_in_operator_mode_needs_a_policy_and_a_configured_approver() {
         Some(1),
         "the same user's approved memory: {body}"
     );
+    op.stop();
+    drop_finalizers(&ns);
+}
+
+/// An effect whose outcome is unknown waits for a person, and `kubectl describe` says
+/// so: the run ledger of a Ready binding records a refund attempted and observed
+/// `unknown` (appended through the store the operator serves, as a worker's appends
+/// would land); the binding's `EffectsSettled` turns False naming the refund, with a
+/// Warning Event; once reconciliation confirms it, `EffectsSettled` is True again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_describe_shows_an_unknown_effect_waiting_for_a_person() {
+    use harness_engine::{
+        domain::ledger::EventType,
+        store::{BindingStore, ledger::LedgerStore, sqlite::SqliteStore},
+    };
+    use store_conformance::ledger::{append, attempt, event, observed, request};
+    let client = common::client().await;
+    let Setup {
+        _ns,
+        _dir,
+        _identity,
+        _impersonation,
+        ns,
+        keyring: _,
+        bindings,
+        backend,
+        mut op,
+    } = setup(&client, "op-effects", &[], |_, _| {
+        vec!["--state-projection-seconds".into(), "1".into()]
+    })
+    .await;
+    let (status, bound) = bind(
+        &op,
+        &backend,
+        SUBJECT,
+        json!({"agent_id": AGENT, "conversation_id": "conv-refund", "harness": "deepagents",
+               "sandbox_profile": "python-worker"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{bound}");
+    let name = bound["harness_binding"]["name"]
+        .as_str()
+        .expect("name")
+        .to_owned();
+    let id = harness_engine::domain::ids::BindingId::parse(
+        bound["binding_id"].as_str().expect("binding id"),
+    )
+    .expect("binding id");
+    let ready = eventually(Duration::from_secs(120), "the binding is Ready", || async {
+        let b = bindings.get_opt(&name).await.ok()??;
+        let s = b.status.clone()?;
+        conditions::is_true(&s.conditions, "Ready").then_some(s)
+    })
+    .await;
+    let generation = u64::try_from(ready.lease.expect("lease").generation).expect("generation");
+
+    // The worker's ledger: a refund attempted, its outcome unknown (the pod was evicted
+    // mid-call, say).
+    let store = SqliteStore::open(
+        &_dir.path().join("data/state.db"),
+        store_conformance::limits(),
+    )
+    .await
+    .expect("the operator's store");
+    let record = store
+        .get_binding(&id)
+        .await
+        .expect("get")
+        .expect("the bound binding");
+    let scope = store_conformance::scope_of(&record, 0, generation);
+    for e in [
+        event(EventType::RunStarted, "run-7", "t1", json!({})),
+        event(
+            EventType::EffectAttempted,
+            "run-7",
+            "t1",
+            attempt("refund-42"),
+        ),
+        event(
+            EventType::EffectOutcomeObserved,
+            "run-7",
+            "t1",
+            observed("refund-42", "unknown", "direct"),
+        ),
+    ] {
+        append(&store, &scope, &request(e)).await;
+    }
+    let describe = || {
+        let (ok, out, err) = kubectl(&["describe", "harnessbinding", &name, "-n", &ns]);
+        assert!(ok, "kubectl describe: {err}");
+        out
+    };
+    let out = eventually(
+        Duration::from_secs(90),
+        "describe shows the unknown refund",
+        || async {
+            let out = describe();
+            (out.contains("EffectOutcomeUnknown")
+                && out.contains("issue_refund (key refund-42, run run-7)")
+                && out.contains("Warning"))
+            .then_some(out)
+        },
+    )
+    .await;
+    assert!(out.contains("EffectsSettled"), "{out}");
+
+    // Reconciliation confirms it: settled.
+    append(
+        &store,
+        &scope,
+        &request(event(
+            EventType::EffectOutcomeObserved,
+            "run-7",
+            "t1",
+            observed("refund-42", "confirmed", "reconciliation"),
+        )),
+    )
+    .await;
+    assert_eq!(
+        store
+            .ledger_state(&scope)
+            .await
+            .expect("state")
+            .effects
+            .len(),
+        1
+    );
+    eventually(
+        Duration::from_secs(90),
+        "the binding shows the effect settled",
+        || async {
+            let b = bindings.get_opt(&name).await.ok()??;
+            let s = b.status?;
+            conditions::is_true(&s.conditions, "EffectsSettled").then_some(())
+        },
+    )
+    .await;
+    drop(store);
     op.stop();
     drop_finalizers(&ns);
 }

@@ -21,8 +21,9 @@ use k8s_openapi::{
 use kube::{Resource, ResourceExt};
 
 use super::{
-    EGRESS_CLASS_LABEL, HIBERNATED, PROFILE_ACCEPTED, PROFILE_LABEL, READY, REPLACED,
-    RESUME_ANNOTATION, SANDBOX_READY, STATE_DURABLE, WORKER_VERIFIED, WORKLOAD_CLASS_LABEL,
+    EFFECTS_SETTLED, EGRESS_CLASS_LABEL, HIBERNATED, PROFILE_ACCEPTED, PROFILE_LABEL, READY,
+    REPLACED, RESUME_ANNOTATION, SANDBOX_READY, STATE_DURABLE, WORKER_VERIFIED,
+    WORKLOAD_CLASS_LABEL,
     observe::{HeadRead, Snapshot, TurnSeen},
     reason::Reason,
 };
@@ -1416,7 +1417,40 @@ fn resume(mut d: Draft<'_>, resolved: &Resolved, lease: &Lease, sb_name: &str) -
 fn project_turn(d: &mut Draft<'_>, turn: Option<&TurnSeen>) -> Option<bool> {
     let turn = turn?;
     d.status.pending_interrupt = turn.interrupt.clone();
+    project_effects(d, &turn.unknown_effects);
     Some(turn.running)
+}
+
+/// `EffectsSettled`: False with every unknown effect named (the first five) while any
+/// waits for a person; a Warning Event when one first appears.
+fn project_effects(d: &mut Draft<'_>, unknown: &[String]) {
+    if unknown.is_empty() {
+        let message = "no effect waits with an unknown outcome".to_owned();
+        d.condition(EFFECTS_SETTLED, true, Reason::EffectsSettled, message);
+        return;
+    }
+    let shown: Vec<&str> = unknown.iter().take(5).map(String::as_str).collect();
+    let more = unknown.len().saturating_sub(shown.len());
+    let message = format!(
+        "{} effect(s) with an unknown outcome wait for a person: {}{}; record each outcome (confirmed or refused) before anything retries it",
+        unknown.len(),
+        shown.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    );
+    let was = conditions::get(&d.status.conditions, EFFECTS_SETTLED).map(|c| c.reason.clone());
+    if was.as_deref() != Some(Reason::EffectOutcomeUnknown.as_str()) {
+        d.event(true, Reason::EffectOutcomeUnknown, message.clone());
+    }
+    d.condition(
+        EFFECTS_SETTLED,
+        false,
+        Reason::EffectOutcomeUnknown,
+        message,
+    );
 }
 
 /// Projects the durable head into `status.state`. Returns the head's commit time (for

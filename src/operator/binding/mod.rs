@@ -87,6 +87,8 @@ pub const SANDBOX_READY: &str = "SandboxReady";
 pub const WORKER_VERIFIED: &str = "WorkerVerified";
 pub const PROFILE_ACCEPTED: &str = "ProfileAccepted";
 pub const STATE_DURABLE: &str = "StateDurable";
+/// False while an effect of the run ledger waits with an unknown outcome for a person.
+pub const EFFECTS_SETTLED: &str = "EffectsSettled";
 pub const HIBERNATED: &str = "Hibernated";
 /// True once the current lease replaced an earlier one; the reason says why.
 pub const REPLACED: &str = "Replaced";

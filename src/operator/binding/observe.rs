@@ -78,6 +78,9 @@ pub struct TurnSeen {
     pub running: bool,
     /// The epoch's pending interrupt, summarized for `status.pendingInterrupt`.
     pub interrupt: Option<PendingInterruptSummary>,
+    /// Effects whose outcome is unknown or awaits a person, as `tool (key K, run R)`, in
+    /// key order.
+    pub unknown_effects: Vec<String>,
 }
 
 /// The store, as far as this reconcile read it.
@@ -435,17 +438,38 @@ async fn read_turn(ctx: &Context, id: &BindingId, scope: &StateScope) -> Option<
             return None;
         }
     };
-    let running = match ctx.store.ledger_state(scope).await {
-        Ok(state) => state
-            .runs
-            .values()
-            .any(|r| r.status == crate::domain::ledger::RunStatus::Running),
+    let state = match ctx.store.ledger_state(scope).await {
+        Ok(state) => state,
         Err(e) => {
             tracing::warn!(binding_id = id.as_str(), "reading the run ledger: {e}");
             return None;
         }
     };
-    Some(TurnSeen { running, interrupt })
+    let running = state
+        .runs
+        .values()
+        .any(|r| r.status == crate::domain::ledger::RunStatus::Running);
+    Some(TurnSeen {
+        running,
+        interrupt,
+        unknown_effects: unknown_effects(&state),
+    })
+}
+
+/// The effects a person must settle: outcome unknown, or reconciliation gave up.
+pub fn unknown_effects(state: &crate::domain::ledger::LedgerState) -> Vec<String> {
+    use crate::domain::ledger::EffectStatus;
+    state
+        .effects
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e.status,
+                EffectStatus::Unknown | EffectStatus::AwaitingHuman
+            )
+        })
+        .map(|(key, e)| format!("{} (key {key}, run {})", e.tool, e.run_id))
+        .collect()
 }
 
 /// The status summary of a stored interrupt (`None` for a type the CRD does not list).

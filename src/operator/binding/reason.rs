@@ -8,8 +8,8 @@
 //! The error policy's categories (`InvalidSpec`, ...) live in `failure.rs`.
 
 use super::{
-    super::failure::STALLED, HIBERNATED, PROFILE_ACCEPTED, READY, REPLACED, SANDBOX_READY,
-    STATE_DURABLE, WORKER_VERIFIED,
+    super::failure::STALLED, EFFECTS_SETTLED, HIBERNATED, PROFILE_ACCEPTED, READY, REPLACED,
+    SANDBOX_READY, STATE_DURABLE, WORKER_VERIFIED,
 };
 
 /// Where a reason appears.
@@ -144,6 +144,10 @@ reasons! {
         "nothing is committed in this epoch yet";
     RunUncertain => [False(STATE_DURABLE)],
         "a run was marked uncertain after the durable head: it must be reconciled before the next turn";
+    EffectsSettled => [True(EFFECTS_SETTLED)],
+        "no effect of the epoch's run ledger waits with an unknown outcome";
+    EffectOutcomeUnknown => [False(EFFECTS_SETTLED), Warning],
+        "an effect's outcome is unknown, or reconciliation gave up on it: a person decides before anything retries it (docs/ledger.md)";
     IdleTTLReached => [True(HIBERNATED)],
         "the lease was idle for the profile's `idleTTL`";
     Resumed => [False(HIBERNATED), True(REPLACED)],
@@ -193,6 +197,10 @@ const CONDITION_TYPES: &[(&str, &str)] = &[
         "the profile exists, is enabled, Ready and allows the harness",
     ),
     (STATE_DURABLE, "the latest turn is committed"),
+    (
+        EFFECTS_SETTLED,
+        "no effect waits with an unknown outcome (the run ledger)",
+    ),
     (
         REPLACED,
         "the current lease replaced an earlier one; the reason says why",

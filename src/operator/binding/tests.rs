@@ -450,6 +450,7 @@ fn leak(type_: &str) -> &'static str {
         WORKER_VERIFIED,
         PROFILE_ACCEPTED,
         STATE_DURABLE,
+        EFFECTS_SETTLED,
         REPLACED,
         HIBERNATED,
         crate::operator::failure::STALLED,
@@ -1691,13 +1692,89 @@ fn claims_carry_the_profile_labels_and_count_per_profile() {
     );
 }
 
+/// `EffectsSettled` follows the run ledger's unknown effects: False with them named and one
+/// Warning Event when they first appear, no new Event while they stay, True once settled.
+#[test]
+fn unknown_effects_wait_for_a_person_on_the_binding() {
+    let with_effects = |unknown: Vec<String>| World {
+        head: HeadRead::Absent,
+        turn: Some(observe::TurnSeen {
+            running: false,
+            interrupt: None,
+            unknown_effects: unknown,
+        }),
+        ..world(Objects::default())
+    };
+    let refund = vec!["refund.issue (key refund-42, run run-7)".to_owned()];
+    let decide = |status: HarnessBindingStatus, w: &World| {
+        let (plan, _) = run(&binding(Some(status)), snap(all_cached()), w);
+        let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
+        declared("unknown effects", &plan);
+        plan
+    };
+    let condition = |plan: &Plan| {
+        plan.status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, EFFECTS_SETTLED).cloned())
+            .unwrap_or_else(|| panic!("no {EFFECTS_SETTLED} condition"))
+    };
+    // One unknown refund: False, named, one Warning Event.
+    let plan = decide(
+        bound(Lifecycle::Ready, at(9_000)),
+        &with_effects(refund.clone()),
+    );
+    let c = condition(&plan);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        (FALSE, "EffectOutcomeUnknown")
+    );
+    assert!(c.message.contains("1 effect(s) with an unknown outcome wait for a person: refund.issue (key refund-42, run run-7)"), "{}", c.message);
+    let warnings: Vec<_> = plan
+        .events
+        .iter()
+        .filter(|e| e.reason == Reason::EffectOutcomeUnknown)
+        .collect();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].warning);
+    // Still unknown on the next reconcile: no second Event.
+    let waiting = plan.status.clone().unwrap_or_default();
+    let plan = decide(waiting.clone(), &with_effects(refund.clone()));
+    assert!(
+        !plan
+            .events
+            .iter()
+            .any(|e| e.reason == Reason::EffectOutcomeUnknown)
+    );
+    // Many: five named, the rest counted.
+    let many: Vec<String> = (0..7).map(|i| format!("tool (key k{i}, run r)")).collect();
+    let c = condition(&decide(waiting.clone(), &with_effects(many)));
+    assert!(
+        c.message.starts_with("7 effect(s)")
+            && c.message.contains("k4")
+            && !c.message.contains("k5")
+            && c.message.contains("and 2 more"),
+        "{}",
+        c.message
+    );
+    // Settled (confirmed or refused): True.
+    let c = condition(&decide(waiting, &with_effects(Vec::new())));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        (TRUE, "EffectsSettled")
+    );
+}
+
 /// `busy` while the run ledger has a run in flight, `Ready` after; `status.pendingInterrupt`
 /// mirrors the store's; neither moves when the head (and with it the turn) was not read.
 #[test]
 fn busy_and_the_pending_interrupt_mirror_the_turn_in_flight() {
     let running = |running: bool, interrupt: Option<crate::api::PendingInterruptSummary>| World {
         head: HeadRead::Absent,
-        turn: Some(observe::TurnSeen { running, interrupt }),
+        turn: Some(observe::TurnSeen {
+            running,
+            interrupt,
+            unknown_effects: Vec::new(),
+        }),
         ..world(Objects::default())
     };
     let approval = crate::api::PendingInterruptSummary {
