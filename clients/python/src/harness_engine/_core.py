@@ -533,6 +533,29 @@ class WorkerCalls:
             json={"run_id": run_id, "reason": reason},
         )
 
+    # run ledger (docs/ledger.md)
+    def append_event(self, event: Mapping[str, Any], key: str) -> Call[dict[str, Any]]:
+        """Append one run-ledger event. A repeat with the same key and the same event is
+        the original's replay, so the call is safe to retry."""
+        return Call(
+            "POST",
+            f"{self._base}/runs/events",
+            lambda r: dict(r.json()),
+            headers=self._h(key),
+            json=dict(event),
+        )
+
+    def get_effect(self, effect_key: str) -> Call[dict[str, Any] | None]:
+        """One effect by its key; None when it was never attempted."""
+        return Call(
+            "GET",
+            f"{self._base}/runs/effects",
+            lambda r: dict(r.json()),
+            params={"key": effect_key},
+            headers=self._h(),
+            none_on_404=True,
+        )
+
     def put_object(
         self,
         key: str,

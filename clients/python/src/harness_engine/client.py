@@ -234,6 +234,16 @@ class Worker:
             self.calls.mark_uncertain(run_id, reason, idempotency_key or new_key("uncertain"))
         )
 
+    # run ledger
+    def append_event(
+        self, event: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Append a run-ledger event (docs/ledger.md); `{event, replayed, effect, ...}`."""
+        return self.client.send(self.calls.append_event(event, idempotency_key or new_key("ev")))
+
+    def get_effect(self, effect_key: str) -> dict[str, Any] | None:
+        return self.client.send(self.calls.get_effect(effect_key))
+
     # native objects
     def put_object(
         self,
