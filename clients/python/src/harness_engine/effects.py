@@ -143,6 +143,109 @@ def _reconcile(
     raise EffectNeedsHuman(key, "awaiting_human", f"effect {key}: {reason}; a person decides")
 
 
+@dataclass(frozen=True)
+class Begun:
+    """What `begin_effect` decided: `done` with a recorded `result` (call nothing), or an
+    attempt appended under `key` (call the provider, then `finish_effect`)."""
+
+    key: str
+    done: bool
+    result: Any = None
+    attempt_seq: Any = None
+
+
+def begin_effect(
+    ctx: EffectContext,
+    tool: str,
+    args: Mapping[str, Any],
+    *,
+    lookup: Callable[[str], Lookup | None] | None = None,
+    irreversible: bool = True,
+    reconcile_attempts: int = 3,
+    backoff: float = 0.2,
+) -> Begun:
+    """Steps 1 to 3: the key, what the ledger already knows, and the durable attempt."""
+    key = effect_key(ctx.worker.binding_id, ctx.turn_id, tool, args)
+    known = ctx.worker.get_effect(key)
+    if known is not None:
+        status = known.get("status")
+        if status == "confirmed":
+            return Begun(key, True, known.get("result"))
+        if status == "awaiting_human":
+            raise EffectNeedsHuman(key, status, f"effect {key} awaits a person's decision")
+        if status in ("attempted", "unknown"):
+            settled = _reconcile(
+                ctx, key, known.get("last_attempt_seq"), lookup, reconcile_attempts, backoff
+            )
+            if settled.outcome == "confirmed":
+                return Begun(key, True, settled.result)
+            # refused: the provider never applied it, a new attempt may go ahead
+    try:
+        attempted = ctx.append(
+            "EffectAttempted",
+            {"tool": tool, "idempotency_key": key, "args": dict(args), "irreversible": irreversible},
+            step=f"attempt-{(known or {}).get('attempts', 0)}",
+        )
+    except HarnessError as e:
+        if e.code == "effect_confirmed":
+            return Begun(key, True, (e.details.get("effect") or {}).get("result"))
+        if e.code == "effect_unresolved":
+            # Another worker attempted it between our read and our append.
+            now = ctx.worker.get_effect(key) or {}
+            settled = _reconcile(
+                ctx, key, now.get("last_attempt_seq"), lookup, reconcile_attempts, backoff
+            )
+            if settled.outcome == "confirmed":
+                return Begun(key, True, settled.result)
+            raise EffectRefused(f"effect {key} was refused by the provider") from e
+        raise
+    return Begun(key, False, attempt_seq=(attempted.get("effect") or {}).get("last_attempt_seq"))
+
+
+def finish_effect(
+    ctx: EffectContext,
+    begun: Begun,
+    *,
+    result: Any = None,
+    error: BaseException | None = None,
+    lookup: Callable[[str], Lookup | None] | None = None,
+    reconcile_attempts: int = 3,
+    backoff: float = 0.2,
+) -> Any:
+    """Steps 4 and 5: records the call's outcome (`error` None: confirmed with `result`;
+    `EffectRefused`: refused, re-raised; anything else: unknown, then reconciled) and
+    returns the result the caller should see."""
+    key, seq = begun.key, begun.attempt_seq
+    if error is None:
+        ctx.append(
+            "EffectOutcomeObserved",
+            {"idempotency_key": key, "outcome": "confirmed", "via": "direct", "result": result},
+            step=f"confirmed-{seq}",
+        )
+        return result
+    if isinstance(error, EffectRefused):
+        ctx.append(
+            "EffectOutcomeObserved",
+            {"idempotency_key": key, "outcome": "refused", "via": "direct"},
+            step=f"refused-{seq}",
+        )
+        raise error
+    ctx.append(
+        "EffectOutcomeObserved",
+        {
+            "idempotency_key": key,
+            "outcome": "unknown",
+            "via": "direct",
+            "result": {"error": type(error).__name__},
+        },
+        step=f"unknown-{seq}",
+    )
+    settled = _reconcile(ctx, key, seq, lookup, reconcile_attempts, backoff)
+    if settled.outcome == "confirmed":
+        return settled.result
+    raise EffectRefused(f"effect {key} was not applied ({type(error).__name__})") from error
+
+
 def run_effect(
     ctx: EffectContext,
     tool: str,
@@ -157,71 +260,24 @@ def run_effect(
     """Runs `call(key)` at most once per intent, with its attempt and outcome in the
     ledger (see the module documentation). Returns the call's result, or the recorded
     result of an earlier confirmed attempt."""
-    key = effect_key(ctx.worker.binding_id, ctx.turn_id, tool, args)
-    known = ctx.worker.get_effect(key)
-    if known is not None:
-        status = known.get("status")
-        if status == "confirmed":
-            return known.get("result")
-        if status == "awaiting_human":
-            raise EffectNeedsHuman(key, status, f"effect {key} awaits a person's decision")
-        if status in ("attempted", "unknown"):
-            settled = _reconcile(
-                ctx, key, known.get("last_attempt_seq"), lookup, reconcile_attempts, backoff
-            )
-            if settled.outcome == "confirmed":
-                return settled.result
-            # refused: the provider never applied it, a new attempt may go ahead
-    try:
-        attempted = ctx.append(
-            "EffectAttempted",
-            {"tool": tool, "idempotency_key": key, "args": dict(args), "irreversible": irreversible},
-            step=f"attempt-{(known or {}).get('attempts', 0)}",
-        )
-    except HarnessError as e:
-        if e.code == "effect_confirmed":
-            return (e.details.get("effect") or {}).get("result")
-        if e.code == "effect_unresolved":
-            # Another worker attempted it between our read and our append.
-            now = ctx.worker.get_effect(key) or {}
-            settled = _reconcile(
-                ctx, key, now.get("last_attempt_seq"), lookup, reconcile_attempts, backoff
-            )
-            if settled.outcome == "confirmed":
-                return settled.result
-            raise EffectRefused(f"effect {key} was refused by the provider") from e
-        raise
-    seq = (attempted.get("effect") or {}).get("last_attempt_seq")
-    try:
-        result = call(key)
-    except EffectRefused:
-        ctx.append(
-            "EffectOutcomeObserved",
-            {"idempotency_key": key, "outcome": "refused", "via": "direct"},
-            step=f"refused-{seq}",
-        )
-        raise
-    except Exception as e:
-        ctx.append(
-            "EffectOutcomeObserved",
-            {
-                "idempotency_key": key,
-                "outcome": "unknown",
-                "via": "direct",
-                "result": {"error": type(e).__name__},
-            },
-            step=f"unknown-{seq}",
-        )
-        settled = _reconcile(ctx, key, seq, lookup, reconcile_attempts, backoff)
-        if settled.outcome == "confirmed":
-            return settled.result
-        raise EffectRefused(f"effect {key} was not applied ({type(e).__name__})") from e
-    ctx.append(
-        "EffectOutcomeObserved",
-        {"idempotency_key": key, "outcome": "confirmed", "via": "direct", "result": result},
-        step=f"confirmed-{seq}",
+    begun = begin_effect(
+        ctx,
+        tool,
+        args,
+        lookup=lookup,
+        irreversible=irreversible,
+        reconcile_attempts=reconcile_attempts,
+        backoff=backoff,
     )
-    return result
+    if begun.done:
+        return begun.result
+    try:
+        result = call(begun.key)
+    except Exception as e:
+        return finish_effect(
+            ctx, begun, error=e, lookup=lookup, reconcile_attempts=reconcile_attempts, backoff=backoff
+        )
+    return finish_effect(ctx, begun, result=result)
 
 
 def effect(
