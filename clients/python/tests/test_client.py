@@ -324,3 +324,33 @@ def test_a_proxy_the_clients_cannot_use_is_refused_at_construction(monkeypatch) 
     monkeypatch.delenv("no_proxy", raising=False)
     with pytest.raises(ValueError, match="only http:// proxies"):
         HarnessClient("http://data-plane.example:8080", token="x")
+
+
+def test_bind_names_the_profile_and_memory_policy_for_operator_mode(client) -> None:
+    """Operator mode needs `sandbox_profile` for a new conversation (and takes an
+    optional `memory_policy`); the request carries both only when given, and `serve`
+    (no profiles) accepts and ignores them, answering without a HarnessBinding."""
+    from harness_engine._core import bind_call
+
+    plain = bind_call("a", "c", "deepagents", None)
+    assert plain.json == {"agent_id": "a", "conversation_id": "c", "harness": "deepagents"}
+    named = bind_call("a", "c", "deepagents", None, "python-worker", "research-assistant")
+    assert named.json == {
+        "agent_id": "a",
+        "conversation_id": "c",
+        "harness": "deepagents",
+        "sandbox_profile": "python-worker",
+        "memory_policy": "research-assistant",
+    }
+    b = client.bind(
+        "agent-client", f"conv-{uuid.uuid4().hex}", "deepagents",
+        sandbox_profile="python-worker", memory_policy="research-assistant",
+    )
+    assert b.harness_binding is None and b.lease_generation >= 0
+
+    async def via_async() -> None:
+        async with AsyncHarnessClient(client.settings.endpoint, token=client.settings.tokens.get()) as ac:
+            again = await ac.bind(b.agent_id, b.conversation_id, "deepagents", sandbox_profile="python-worker")
+            assert again.binding_id == b.binding_id
+
+    asyncio.run(via_async())

@@ -305,6 +305,8 @@ class Binding:
     epoch: int
     lease_generation: int
     created_at_ms: int
+    # Operator mode: the conversation's HarnessBinding (`namespace`, `name`, `uid`).
+    harness_binding: dict[str, str] | None = None
 
     @property
     def fence(self) -> Fence:
@@ -321,6 +323,7 @@ class Binding:
             epoch=int(d["epoch"]),
             lease_generation=int(d["lease_generation"]),
             created_at_ms=int(d["created_at_ms"]),
+            harness_binding=dict(d["harness_binding"]) if d.get("harness_binding") else None,
         )
 
 
@@ -420,13 +423,28 @@ def _json(resp: Reply) -> Any:
     return resp.json()
 
 
-def bind_call(agent_id: str, conversation_id: str, harness: str, key: str | None) -> Call[Binding]:
+def bind_call(
+    agent_id: str,
+    conversation_id: str,
+    harness: str,
+    key: str | None,
+    sandbox_profile: str | None = None,
+    memory_policy: str | None = None,
+) -> Call[Binding]:
+    """`POST /v1/bindings`. In operator mode a new conversation needs `sandbox_profile`
+    (the SandboxProfile of its HarnessBinding) and may name its `memory_policy`; `serve`
+    has no profiles and ignores both."""
+    body: dict[str, Any] = {"agent_id": agent_id, "conversation_id": conversation_id, "harness": harness}
+    if sandbox_profile is not None:
+        body["sandbox_profile"] = sandbox_profile
+    if memory_policy is not None:
+        body["memory_policy"] = memory_policy
     return Call(
         "POST",
         "/v1/bindings",
         lambda r: Binding.from_json(r.json()),
         headers={"Idempotency-Key": key or derived_key("bind", agent_id, conversation_id)},
-        json={"agent_id": agent_id, "conversation_id": conversation_id, "harness": harness},
+        json=body,
     )
 
 

@@ -143,10 +143,23 @@ class HarnessClient:
             raise _refused(call, resp, ambiguous)
 
     def bind(
-        self, agent_id: str, conversation_id: str, harness: str, *, idempotency_key: str | None = None
+        self,
+        agent_id: str,
+        conversation_id: str,
+        harness: str,
+        *,
+        idempotency_key: str | None = None,
+        sandbox_profile: str | None = None,
+        memory_policy: str | None = None,
     ) -> Binding:
-        """Create or get the binding for (subject, agent, conversation)."""
-        return self.send(_core.bind_call(agent_id, conversation_id, harness, idempotency_key))
+        """Create or get the binding for (subject, agent, conversation). In operator mode
+        a new conversation names its `sandbox_profile` (and optionally `memory_policy`);
+        the answer's `harness_binding` is its HarnessBinding."""
+        return self.send(
+            _core.bind_call(
+                agent_id, conversation_id, harness, idempotency_key, sandbox_profile, memory_policy
+            )
+        )
 
     def get_binding(self, binding_id: str) -> Binding:
         return self.send(_core.get_binding_call(binding_id))
@@ -395,9 +408,20 @@ class AsyncHarnessClient:
             raise _refused(call, resp, ambiguous)
 
     async def bind(
-        self, agent_id: str, conversation_id: str, harness: str, *, idempotency_key: str | None = None
+        self,
+        agent_id: str,
+        conversation_id: str,
+        harness: str,
+        *,
+        idempotency_key: str | None = None,
+        sandbox_profile: str | None = None,
+        memory_policy: str | None = None,
     ) -> Binding:
-        return await self.send(_core.bind_call(agent_id, conversation_id, harness, idempotency_key))
+        return await self.send(
+            _core.bind_call(
+                agent_id, conversation_id, harness, idempotency_key, sandbox_profile, memory_policy
+            )
+        )
 
     async def get_binding(self, binding_id: str) -> Binding:
         return await self.send(_core.get_binding_call(binding_id))
