@@ -1,0 +1,241 @@
+//! Controller chaos: two `harness-engine operator` replicas with leader election against
+//! the local control plane; again and again a worker pod is deleted, and as soon as the
+//! replacement has started (a new lease generation written, not yet Ready) the current
+//! leader is SIGKILLed and a fresh replica started in its place. Watches record every
+//! claim and every lease generation the whole time. Invariants: never two live claims
+//! for the binding, the lease generation never goes back and rises with every
+//! replacement, and the binding is Ready again after each kill (the worst and median
+//! time back to Ready are printed).
+//!
+//! `make test` runs 5 kills; `HARNESS_CHAOS_LEADER_KILLS=50 cargo test --test
+//! operator_chaos` is the long run recorded in docs/reliability.md.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use common::{
+    eventually,
+    operator::{Operator, OperatorOptions, apply_samples, drop_finalizers},
+};
+use futures::StreamExt;
+use harness_engine::{
+    api::{HarnessBinding, Lifecycle, conditions, sandbox::SandboxClaim},
+    operator::binding::BINDING_UID_LABEL,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams},
+    runtime::watcher,
+};
+
+const BINDING: &str = "conversation-sample";
+const LEASE_SECONDS: u64 = 2;
+
+fn replica(ns: &str, data: &std::path::Path) -> Operator {
+    Operator::start(OperatorOptions {
+        namespace: ns,
+        data_dir: data,
+        leader_lease_seconds: Some(LEASE_SECONDS),
+        extra: vec!["--state-projection-seconds".into(), "1".into()],
+    })
+}
+
+/// Whether `op` says it holds the leader lease (`harness_engine_operator_leader 1`).
+async fn leads(http: &reqwest::Client, op: &Operator) -> bool {
+    let Ok(resp) = http.get(format!("{}/metrics", op.admin)).send().await else {
+        return false;
+    };
+    resp.text().await.is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.trim() == "harness_engine_operator_leader 1")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generations() {
+    let kills: usize = std::env::var("HARNESS_CHAOS_LEADER_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let client = common::client().await;
+    common::install_our_crds(&client).await;
+    let ns = common::TestNamespace::new(&client, "op-chaos").await;
+    apply_samples(&ns.name);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bindings: Api<HarnessBinding> = Api::namespaced(client.clone(), &ns.name);
+    let claims: Api<SandboxClaim> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let http = reqwest::Client::new();
+
+    let mut replicas = vec![replica(&ns.name, &data), replica(&ns.name, &data)];
+    let ready_above = |above: i64| {
+        let bindings = bindings.clone();
+        async move {
+            eventually(
+                Duration::from_secs(120),
+                "the binding Ready again",
+                || async {
+                    let b = bindings.get_opt(BINDING).await.ok()??;
+                    let s = b.status.clone()?;
+                    let g = s.lease.as_ref()?.generation;
+                    (s.lifecycle == Some(Lifecycle::Ready)
+                        && g > above
+                        && conditions::is_true(&s.conditions, "Ready"))
+                    .then_some(b)
+                },
+            )
+            .await
+        }
+    };
+    let first = ready_above(0).await;
+    let uid = first.uid().expect("uid");
+
+    // Every claim event and every lease generation, for the whole run.
+    let live: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
+    let max_live = Arc::new(Mutex::new(0usize));
+    let generations: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let claim_watch = {
+        let (live, max_live) = (live.clone(), max_live.clone());
+        let stream = watcher(
+            claims.clone(),
+            watcher::Config::default().labels(&format!("{BINDING_UID_LABEL}={uid}")),
+        );
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(event)) = stream.next().await {
+                let mut map = live.lock().unwrap_or_else(|e| e.into_inner());
+                match event {
+                    watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                        map.insert(c.name_any(), c.metadata.deletion_timestamp.is_none());
+                    }
+                    watcher::Event::Delete(c) => {
+                        map.remove(&c.name_any());
+                    }
+                    _ => {}
+                }
+                let n = map.values().filter(|v| **v).count();
+                let mut m = max_live.lock().unwrap_or_else(|e| e.into_inner());
+                *m = (*m).max(n);
+            }
+        })
+    };
+    let binding_watch = {
+        let generations = generations.clone();
+        let stream = watcher(
+            bindings.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={BINDING}")),
+        );
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(event)) = stream.next().await {
+                if let watcher::Event::Apply(b) | watcher::Event::InitApply(b) = event
+                    && let Some(g) = b.status.and_then(|s| s.lease).map(|l| l.generation)
+                {
+                    generations
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(g);
+                }
+            }
+        })
+    };
+
+    let mut generation = first
+        .status
+        .and_then(|s| s.lease)
+        .map(|l| l.generation)
+        .unwrap_or(0);
+    let mut back_to_ready = Vec::new();
+    let mut mid_replacement = 0;
+    for kill in 1..=kills {
+        let b = bindings.get(BINDING).await.expect("binding");
+        let pod = b
+            .status
+            .and_then(|s| s.lease)
+            .and_then(|l| l.worker_pod_name)
+            .expect("worker pod");
+        pods.delete(&pod, &DeleteParams::default())
+            .await
+            .expect("delete the worker pod");
+        // Kill the leader as soon as the replacement has started.
+        let started = eventually(Duration::from_secs(60), "a replacement starts", || async {
+            let s = bindings.get_opt(BINDING).await.ok()??.status?;
+            (s.lease?.generation > generation).then_some(s.lifecycle)
+        })
+        .await;
+        if started != Some(Lifecycle::Ready) {
+            mid_replacement += 1;
+        }
+        let leader = eventually(Duration::from_secs(30), "a leader", || async {
+            for (i, op) in replicas.iter().enumerate() {
+                if leads(&http, op).await {
+                    return Some(i);
+                }
+            }
+            None
+        })
+        .await;
+        let t = Instant::now();
+        replicas[leader].kill();
+        replicas.remove(leader);
+        replicas.push(replica(&ns.name, &data));
+        let b = ready_above(generation).await;
+        back_to_ready.push(t.elapsed());
+        generation = b
+            .status
+            .and_then(|s| s.lease)
+            .map(|l| l.generation)
+            .unwrap_or(0);
+        let live_now = claims
+            .list(&ListParams::default().labels(&format!("{BINDING_UID_LABEL}={uid}")))
+            .await
+            .expect("claims")
+            .items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .count();
+        assert!(live_now <= 1, "kill {kill}: {live_now} live claims");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    claim_watch.abort();
+    binding_watch.abort();
+    for mut op in replicas {
+        op.stop();
+    }
+
+    let seen = generations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert!(
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        "the lease generation went backwards: {seen:?}"
+    );
+    assert!(
+        generation > i64::try_from(kills).unwrap_or(i64::MAX),
+        "{kills} replacements should have raised the generation past {kills}: {generation}"
+    );
+    let max = *max_live.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(max <= 1, "{max} live claims for one binding were observed");
+    back_to_ready.sort();
+    let worst = back_to_ready.last().copied().unwrap_or_default();
+    let median = back_to_ready
+        .get(back_to_ready.len() / 2)
+        .copied()
+        .unwrap_or_default();
+    println!(
+        "controller chaos: {kills} leader kills ({mid_replacement} mid-replacement), final generation {generation}, \
+         back to Ready: median {:.2} s, worst {:.2} s; at most {max} live claim(s); {} generation changes observed",
+        median.as_secs_f64(),
+        worst.as_secs_f64(),
+        seen.len()
+    );
+    drop_finalizers(&ns.name);
+}
