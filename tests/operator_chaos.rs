@@ -155,6 +155,7 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
         .unwrap_or(0);
     let mut back_to_ready = Vec::new();
     let mut mid_replacement = 0usize;
+    let mut pauses = 0usize;
     // Until `kills` leaders died while a replacement was in flight (a replacement that
     // finished before the kill landed does not count, but its kill still happens).
     let mut kill = 0;
@@ -205,11 +206,35 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
             mid_replacement += 1;
         }
         let t = Instant::now();
-        replicas[leader].kill();
-        replicas.remove(leader);
+        // Every third round the leader is paused instead (SIGSTOP): another replica
+        // takes over once its lease expires; resumed afterwards, the old leader must
+        // see it lost the lease and exit, and must not have broken anything meanwhile.
+        let mut paused = None;
+        if kill % 3 == 0 {
+            replicas[leader].signal("STOP");
+            paused = Some(replicas.remove(leader));
+            pauses += 1;
+        } else {
+            replicas[leader].kill();
+            replicas.remove(leader);
+        }
         replicas.push(replica(&ns.name, &data));
         let b = ready_above(generation).await;
         back_to_ready.push(t.elapsed());
+        if let Some(mut old) = paused {
+            old.signal("CONT");
+            let exited = tokio::task::block_in_place(|| old.exits_within(Duration::from_secs(20)));
+            assert!(
+                exited,
+                "round {kill}: the resumed old leader kept running after losing its lease:\n{}",
+                old.log_text()
+            );
+            assert!(
+                old.log_text().contains("lost the leader lease"),
+                "round {kill}: {}",
+                old.log_text()
+            );
+        }
         generation = b
             .status
             .and_then(|s| s.lease)
@@ -253,7 +278,7 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
         .copied()
         .unwrap_or_default();
     println!(
-        "controller chaos: {kill} leader kills ({mid_replacement} with the replacement in flight), final generation {generation}, \
+        "controller chaos: {kill} rounds, the leader killed or paused ({pauses} paused) with the replacement in flight in {mid_replacement}, final generation {generation}, \
          back to Ready: median {:.2} s, worst {:.2} s; at most {max} live claim(s); {} generation changes observed",
         median.as_secs_f64(),
         worst.as_secs_f64(),

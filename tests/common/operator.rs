@@ -146,6 +146,30 @@ impl Operator {
         self.child.as_ref().map(Child::id).unwrap_or(0)
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the process, if it still runs.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = self.child.as_ref() {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; whether it did.
+    pub fn exits_within(&mut self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            match self.child.as_mut().map(Child::try_wait) {
+                None | Some(Ok(Some(_))) => {
+                    self.child = None;
+                    return true;
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        false
+    }
+
     /// SIGKILL: no cleanup, no lease release, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
