@@ -1,5 +1,5 @@
 //! Controller chaos: two `harness-engine operator` replicas with leader election against
-//! the local control plane; again and again a worker pod is deleted, and as soon as the
+//! the local control plane, sharing a MongoDB store (FerretDB); again and again a worker pod is deleted, and as soon as the
 //! replacement has started (a new lease generation written, not yet Ready) the current
 //! leader is SIGKILLed and a fresh replica started in its place. Watches record every
 //! claim and every lease generation the whole time. Invariants: never two live claims
@@ -38,12 +38,22 @@ use kube::{
 const BINDING: &str = "conversation-sample";
 const LEASE_SECONDS: u64 = 2;
 
+/// One replica. The replicas share a MongoDB store (the control plane's FerretDB, a
+/// database of this run's), as replicas must: the embedded SQLite store is for one
+/// replica, and a paused replica would hold its write lock.
 fn replica(ns: &str, data: &std::path::Path) -> Operator {
     Operator::start(OperatorOptions {
         namespace: ns,
         data_dir: data,
         leader_lease_seconds: Some(LEASE_SECONDS),
-        extra: vec!["--state-projection-seconds".into(), "1".into()],
+        extra: vec![
+            "--state-projection-seconds".into(),
+            "1".into(),
+            "--mongodb-uri".into(),
+            common::control_plane().mongodb_uri.clone(),
+            "--mongodb-database".into(),
+            format!("chaos_{}", ns.replace('-', "_")),
+        ],
     })
 }
 
