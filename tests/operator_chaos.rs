@@ -13,17 +13,12 @@
 
 mod common;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use common::{
     eventually,
     operator::{Operator, OperatorOptions, apply_samples, drop_finalizers},
 };
-use futures::StreamExt;
 use harness_engine::{
     api::{HarnessBinding, Lifecycle, conditions, sandbox::SandboxClaim},
     operator::binding::BINDING_UID_LABEL,
@@ -32,7 +27,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams},
-    runtime::watcher,
 };
 
 const BINDING: &str = "conversation-sample";
@@ -109,54 +103,8 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
     let uid = first.uid().expect("uid");
 
     // Every claim event and every lease generation, for the whole run.
-    let live: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
-    let max_live = Arc::new(Mutex::new(0usize));
-    let generations: Arc<Mutex<Vec<i64>>> = Arc::default();
-    let claim_watch = {
-        let (live, max_live) = (live.clone(), max_live.clone());
-        let stream = watcher(
-            claims.clone(),
-            watcher::Config::default().labels(&format!("{BINDING_UID_LABEL}={uid}")),
-        );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(Ok(event)) = stream.next().await {
-                let mut map = live.lock().unwrap_or_else(|e| e.into_inner());
-                match event {
-                    watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
-                        map.insert(c.name_any(), c.metadata.deletion_timestamp.is_none());
-                    }
-                    watcher::Event::Delete(c) => {
-                        map.remove(&c.name_any());
-                    }
-                    _ => {}
-                }
-                let n = map.values().filter(|v| **v).count();
-                let mut m = max_live.lock().unwrap_or_else(|e| e.into_inner());
-                *m = (*m).max(n);
-            }
-        })
-    };
-    let binding_watch = {
-        let generations = generations.clone();
-        let stream = watcher(
-            bindings.clone(),
-            watcher::Config::default().fields(&format!("metadata.name={BINDING}")),
-        );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(Ok(event)) = stream.next().await {
-                if let watcher::Event::Apply(b) | watcher::Event::InitApply(b) = event
-                    && let Some(g) = b.status.and_then(|s| s.lease).map(|l| l.generation)
-                {
-                    generations
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(g);
-                }
-            }
-        })
-    };
+    let watch =
+        common::lease_watch::LeaseWatch::start(claims.clone(), bindings.clone(), &uid, BINDING);
 
     let mut generation = first
         .status
@@ -261,16 +209,11 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
         assert!(live_now <= 1, "kill {kill}: {live_now} live claims");
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    claim_watch.abort();
-    binding_watch.abort();
+    let (max, seen) = watch.finish();
     for mut op in replicas {
         op.stop();
     }
 
-    let seen = generations
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
     assert!(
         seen.windows(2).all(|w| w[0] <= w[1]),
         "the lease generation went backwards: {seen:?}"
@@ -279,7 +222,6 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
         generation > i64::try_from(kill).unwrap_or(i64::MAX),
         "{kill} replacements should have raised the generation past {kill}: {generation}"
     );
-    let max = *max_live.lock().unwrap_or_else(|e| e.into_inner());
     assert!(max <= 1, "{max} live claims for one binding were observed");
     back_to_ready.sort();
     let worst = back_to_ready.last().copied().unwrap_or_default();

@@ -8,17 +8,12 @@
 
 mod common;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use common::{
     eventually, kubectl,
     operator::{Operator, OperatorOptions, apply_samples, drop_finalizers},
 };
-use futures::StreamExt;
 use harness_engine::{
     api::{
         HarnessBinding, Lifecycle, SandboxProfile, conditions,
@@ -36,7 +31,6 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
 use serde_json::{Value, json};
 
@@ -515,51 +509,7 @@ async fn an_operator_killed_during_a_replacement_converges_with_one_live_claim()
     let uid = b1.uid().unwrap();
 
     // Watch every claim event and every binding status; remember the worst we saw.
-    let live: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
-    let max_live = Arc::new(Mutex::new(0usize));
-    let generations: Arc<Mutex<Vec<i64>>> = Arc::default();
-    let claim_watch = {
-        let (live, max_live) = (live.clone(), max_live.clone());
-        let stream = watcher(
-            fx.claims(),
-            watcher::Config::default().labels(&format!("{BINDING_UID_LABEL}={uid}")),
-        );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(Ok(event)) = stream.next().await {
-                let mut map = live.lock().unwrap();
-                match event {
-                    watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
-                        map.insert(c.name_any(), c.metadata.deletion_timestamp.is_none());
-                    }
-                    watcher::Event::Delete(c) => {
-                        map.remove(&c.name_any());
-                    }
-                    _ => {}
-                }
-                let n = map.values().filter(|v| **v).count();
-                let mut m = max_live.lock().unwrap();
-                *m = (*m).max(n);
-            }
-        })
-    };
-    let binding_watch = {
-        let generations = generations.clone();
-        let stream = watcher(
-            fx.bindings(),
-            watcher::Config::default().fields(&format!("metadata.name={BINDING}")),
-        );
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(Ok(event)) = stream.next().await {
-                if let watcher::Event::Apply(b) | watcher::Event::InitApply(b) = event
-                    && let Some(g) = b.status.and_then(|s| s.lease).map(|l| l.generation)
-                {
-                    generations.lock().unwrap().push(g);
-                }
-            }
-        })
-    };
+    let watch = common::lease_watch::LeaseWatch::start(fx.claims(), fx.bindings(), &uid, BINDING);
 
     // Delete the worker pod and kill the operator as soon as the replacement started.
     let pod = b1.status.unwrap().lease.unwrap().worker_pod_name.unwrap();
@@ -597,16 +547,13 @@ async fn an_operator_killed_during_a_replacement_converges_with_one_live_claim()
         second.log_text()
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    claim_watch.abort();
-    binding_watch.abort();
-
-    let seen = generations.lock().unwrap().clone();
+    let (max_live, seen) = watch.finish();
     assert!(
         seen.windows(2).all(|w| w[0] <= w[1]),
         "the lease generation went backwards: {seen:?}"
     );
     assert!(
-        *max_live.lock().unwrap() <= 1,
+        max_live <= 1,
         "two live claims for one binding were observed"
     );
     assert_eq!(fx.live_claims(&b2).await.len(), 1);

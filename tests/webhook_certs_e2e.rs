@@ -18,10 +18,7 @@ use harness_engine::{api::HarnessBinding, webhook};
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration, core::v1::Secret,
 };
-use kube::{
-    Api,
-    api::{DeleteParams, PostParams},
-};
+use kube::{Api, api::PostParams};
 use serde_json::{Value, json};
 
 const SECRET: &str = "harness-engine-webhook-tls";
@@ -31,22 +28,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Deletes the configuration when the test ends, pass or fail.
-struct Registration {
-    name: String,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        common::cleanup_blocking("webhook configuration", move |client| async move {
-            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
-                .delete(&name, &DeleteParams::default())
-                .await;
-        });
-    }
 }
 
 /// One webhook for HarnessBindings in `namespace`, at our URL, with no `caBundle`.
@@ -102,7 +83,7 @@ async fn the_operator_issues_and_rotates_its_webhook_certificates_without_a_fail
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let _registration = Registration { name: name.clone() };
+    let _registration = common::WebhookRegistration { name: name.clone() };
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let cert_dir = dir.path().join("webhook-tls");
     let mut op = Operator::start(OperatorOptions {

@@ -32,7 +32,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, Config,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use rustls::{
@@ -143,22 +143,6 @@ fn dry_run() -> PostParams {
     PostParams {
         dry_run: true,
         ..PostParams::default()
-    }
-}
-
-/// Deletes the ValidatingWebhookConfiguration when the test ends, pass or fail.
-struct WebhookRegistration {
-    name: String,
-}
-
-impl Drop for WebhookRegistration {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        common::cleanup_blocking("webhook configuration", move |client| async move {
-            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
-                .delete(&name, &DeleteParams::default())
-                .await;
-        });
     }
 }
 
@@ -363,7 +347,7 @@ async fn every_rule_refuses_its_bad_case_through_the_api_server() {
     )
     .await
     .unwrap_or_else(|e| panic!("registering the webhook: {e}"));
-    let _registration = WebhookRegistration {
+    let _registration = common::WebhookRegistration {
         name: vwc_name.clone(),
     };
 

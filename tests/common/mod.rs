@@ -3,6 +3,7 @@
 //! throw-away namespace and deletes it when done, so tests can run twice and in parallel.
 #![allow(dead_code)]
 
+pub mod lease_watch;
 pub mod operator;
 pub mod restarts;
 
@@ -150,6 +151,24 @@ impl Drop for TestNamespace {
         cleanup_blocking("test namespace", move |client| async move {
             let _ = Api::<Namespace>::all(client)
                 .delete(&name, &DeleteParams::background())
+                .await;
+        });
+    }
+}
+
+/// A ValidatingWebhookConfiguration the test registered: deleted when the test ends,
+/// pass or fail (cluster-scoped, it outlives the test namespace).
+pub struct WebhookRegistration {
+    pub name: String,
+}
+
+impl Drop for WebhookRegistration {
+    fn drop(&mut self) {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        let name = self.name.clone();
+        cleanup_blocking("webhook configuration", move |client| async move {
+            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
+                .delete(&name, &DeleteParams::default())
                 .await;
         });
     }

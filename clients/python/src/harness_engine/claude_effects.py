@@ -29,16 +29,13 @@ from .effects import (
     EffectContext,
     EffectNeedsHuman,
     EffectRefused,
-    Lookup,
+    LookupFn,
+    ToolFailed,
     begin_effect,
     finish_effect,
 )
 
-LookupFn = Callable[[str], Lookup | None] | None
 
-
-class _ToolFailed(Exception):
-    """The tool failed: its outcome is unknown until reconciled."""
 
 
 def _deny(reason: str) -> dict[str, Any]:
@@ -127,7 +124,7 @@ class ClaudeEffectHooks:
                 finish_effect,
                 ctx,
                 begun,
-                error=_ToolFailed(str(input_data.get("error"))),
+                error=ToolFailed(str(input_data.get("error"))),
                 lookup=self.tools.get(name),
                 reconcile_attempts=self.reconcile_attempts,
                 backoff=self.backoff,

@@ -54,12 +54,21 @@ class EffectNeedsHuman(Exception):
         self.status = status
 
 
+class ToolFailed(Exception):
+    """A tool ended in failure as its SDK reports it (no exception of ours to pass on):
+    its outcome is unknown until reconciled."""
+
+
 @dataclass(frozen=True)
 class Lookup:
     """What the provider says about a key: `confirmed` with its result, or `refused`."""
 
     outcome: Outcome
     result: Any = None
+
+
+LookupFn = Callable[[str], Lookup | None] | None
+"""How a tool's provider is asked about a key (`None`: it cannot be)."""
 
 
 def canonical(value: Any) -> str:

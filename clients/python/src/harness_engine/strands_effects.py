@@ -24,16 +24,13 @@ from .effects import (
     EffectContext,
     EffectNeedsHuman,
     EffectRefused,
-    Lookup,
+    LookupFn,
+    ToolFailed,
     begin_effect,
     finish_effect,
 )
 
-LookupFn = Callable[[str], Lookup | None] | None
 
-
-class _ToolFailed(Exception):
-    """The tool ended with an error status: its outcome is unknown until reconciled."""
 
 
 class EffectHooks(HookProvider):
@@ -98,7 +95,7 @@ class EffectHooks(HookProvider):
             finish_effect(
                 ctx,
                 begun,
-                error=_ToolFailed(name),
+                error=ToolFailed(name),
                 lookup=self.tools[name],
                 reconcile_attempts=self.reconcile_attempts,
                 backoff=self.backoff,
