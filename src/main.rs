@@ -594,6 +594,12 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             client.clone(),
             args.namespace.clone(),
             scopes,
+            state.ledger_budgets().clone(),
+        ));
+        tokio::spawn(operator::profile::feed_ledger_rules(
+            client.clone(),
+            args.namespace.clone(),
+            state.ledger_budgets().clone(),
         ));
         let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
         let managed_certs = match &args.webhook_certs_secret {

@@ -350,9 +350,9 @@ async fn worker_call(
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
-    let fx = Fixture::new("prof-busy").await;
+/// The sample binding re-created for alice, with a known identity key, so that a
+/// backend service can act for her; the operator started on it.
+async fn operator_for_alice(fx: &Fixture) -> Operator {
     // The sample re-created for alice, with a known identity key, so that a backend
     // service can act for her (the uncertain run's clear at the end).
     let key = b"profile-e2e-identity-key-0123456789abcdef".to_vec();
@@ -379,7 +379,7 @@ async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
         .create(&PostParams::default(), &HarnessBinding::new(FIRST, spec))
         .await
         .expect("binding for alice");
-    let mut op = Operator::start(OperatorOptions {
+    Operator::start(OperatorOptions {
         namespace: fx.ns(),
         data_dir: &fx.dir.path().join("data"),
         leader_lease_seconds: None,
@@ -389,7 +389,13 @@ async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
             "--identity-key-file".into(),
             key_file.display().to_string(),
         ],
-    });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_and_the_pending_interrupt_follow_the_data_plane() {
+    let fx = Fixture::new("prof-busy").await;
+    let mut op = operator_for_alice(&fx).await;
     let http = reqwest::Client::new();
     let b = fx.until(FIRST, "binding Ready", ready).await;
     let token = fx.worker_token(&b).await;
@@ -571,4 +577,115 @@ async fn backend_token(fx: &Fixture) -> String {
         .status
         .and_then(|s| s.token)
         .expect("token")
+}
+
+/// `spec.ledger` of the profile, applied by the data plane of the installed operator:
+/// a per-turn step budget trips with `budget_exceeded` (and a raised limit applies live);
+/// a tool declared `defence: none` cannot be attempted without a person's approval, the
+/// worker cannot approve it itself, a backend service relays the approval, and the one
+/// attempt it admits consumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_budgets_and_tool_defences_come_from_the_profile() {
+    let fx = Fixture::new("prof-ledger").await;
+    fx.patch_profile(json!({"ledger": {
+        "budgets": {"perTurn": {"steps": 4}},
+        "tools": [{"name": "send_fax", "defence": "none"},
+                  {"name": "issue_refund", "defence": "queryableByKey"}]
+    }}))
+    .await;
+    let mut op = operator_for_alice(&fx).await;
+    let http = reqwest::Client::new();
+    let b = fx.until(FIRST, "binding Ready", ready).await;
+    let token = fx.worker_token(&b).await;
+    let event = |t: &str, turn: &str, payload: Value| {
+        json!({"type": t, "run_id": "run-1", "turn_id": turn, "agent_id": "research-assistant",
+               "versions": {"model": "scripted-1"}, "payload": payload})
+    };
+    let fax = json!({"tool": "send_fax", "idempotency_key": "fax-1", "args": {"to": "+1 555"},
+                     "irreversible": true});
+    let append = |key: &'static str, body: Value| {
+        let (http, op, token, b) = (&http, &op, &token, &b);
+        async move { worker_call(http, op, token, b, "runs/events", key, body).await }
+    };
+
+    let (code, body) = append("e1", event("RunStarted", "t1", json!({}))).await;
+    assert_eq!(code, 201, "{body}\n{}", op.log_text());
+    // The gated tool: refused until approved, nothing appended.
+    let (code, body) = append("e2", event("EffectAttempted", "t1", fax.clone())).await;
+    assert_eq!((code, body["code"].as_str()), (409, Some("approval_required")), "{body}");
+    assert_eq!(body["details"]["tool"], "send_fax", "{body}");
+    // A tool with a defence is not gated.
+    let refund = json!({"tool": "issue_refund", "idempotency_key": "refund-1",
+                        "args": {"order": "A-1"}, "irreversible": true});
+    let (code, body) = append("e3", event("EffectAttempted", "t1", refund)).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = append(
+        "e4",
+        event("HumanReviewRequested", "t1", json!({"idempotency_key": "fax-1",
+              "reason": "send_fax has no defence against a repeat", "approval": true,
+              "tool": "send_fax"})),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    // The worker cannot approve its own request.
+    let (code, body) = append(
+        "e5",
+        event("HumanReviewResolved", "t1", json!({"idempotency_key": "fax-1", "decision": "approved"})),
+    )
+    .await;
+    assert_eq!((code, body["code"].as_str()), (403, Some("forbidden_scope")), "{body}");
+
+    // A backend service acting for alice relays the person's approval.
+    let backend = backend_token(&fx).await;
+    let _impersonation =
+        common::Impersonation::create(&fx.client, &format!("{}-act-for-alice", fx.ns()), fx.ns())
+            .await;
+    let id = b
+        .labels()
+        .get(BINDING_ID_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let resp = http
+        .post(format!("{}/v1/bindings/{id}/runs/events", op.api))
+        .bearer_auth(&backend)
+        .header("Harness-Subject", "user:alice")
+        .header("Harness-Epoch", "0")
+        .header("Harness-Lease-Generation", generation(&b).to_string())
+        .header("Idempotency-Key", "approve-fax-1")
+        .json(&event("HumanReviewResolved", "t2", json!({"idempotency_key": "fax-1", "decision": "approved"})))
+        .send()
+        .await
+        .expect("approval");
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 201, "{body}\n{}", op.log_text());
+    assert_eq!(body["effect"]["status"], "approved", "{body}");
+
+    // Approved: one attempt goes ahead (in turn t2: t1 has used 3 of its 4 steps).
+    let (code, body) = append("e6", event("EffectAttempted", "t2", fax.clone())).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(body["effect"]["status"], "attempted", "{body}");
+
+    // The per-turn step budget of the profile: t1 has 3 events; the 4th fits, the 5th
+    // trips.
+    let (code, body) = append("e7", event("GuardrailEvaluated", "t1",
+        json!({"guardrail": "pii", "result": "pass"}))).await;
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = append("e8", event("GuardrailEvaluated", "t1",
+        json!({"guardrail": "pii", "result": "pass"}))).await;
+    assert_eq!((code, body["code"].as_str()), (409, Some("budget_exceeded")), "{body}");
+    assert_eq!(body["details"]["limit"], 4, "{body}");
+    assert_eq!(body["details"]["what"], "per-turn steps", "{body}");
+
+    // A raised limit applies without a restart, once the replica's watch sees it.
+    fx.patch_profile(json!({"ledger": {"budgets": {"perTurn": {"steps": 10}}}}))
+        .await;
+    eventually(Duration::from_secs(30), "the raised budget applies", || async {
+        let (code, _) = append("e8", event("GuardrailEvaluated", "t1",
+            json!({"guardrail": "pii", "result": "pass"}))).await;
+        (code == 201).then_some(())
+    })
+    .await;
+    op.stop();
+    drop_finalizers(fx.ns());
 }

@@ -128,6 +128,87 @@ pub struct SandboxProfileSpec {
     /// handed to another conversation.
     #[serde(default)]
     pub release_mode: ReleaseMode,
+
+    /// The run ledger's rules for this profile's bindings: budgets (circuit breakers,
+    /// `spec/002_6a0ddaf11b83bfe4.txt` §10.1) and each tool's defence against a repeated
+    /// effect (§5.2). Applied by the data plane at every event append.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<LedgerPolicy>,
+}
+
+/// The run ledger's rules for a profile's bindings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerPolicy {
+    /// Limits per turn and per run. A limit left out keeps the deployment's default
+    /// (`docs/ledger.md`, "Budgets"); an append past a limit is refused with
+    /// `budget_exceeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<LedgerBudgetsSpec>,
+    /// Tools and how a repeated call of each is defended. A tool with defence `none`
+    /// needs a person's approval (a human review resolved `approved`) before every
+    /// attempt; an attempt without one is refused with `approval_required`. Tools not
+    /// listed are not gated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub tools: Vec<ToolDefence>,
+}
+
+/// Budgets per turn and per run.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerBudgetsSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_turn: Option<BudgetLimits>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_run: Option<BudgetLimits>,
+}
+
+/// Limits of one scope (a turn or a run); each one left out keeps the default.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetLimits {
+    /// Events appended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub steps: Option<i64>,
+    /// Tokens, as reported in event payloads' `usage.tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub tokens: Option<i64>,
+    /// Cost units (the deployment's unit), as reported in `usage.cost_units`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub cost_units: Option<i64>,
+    /// Attempts of effects marked irreversible (0: none allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub irreversible_effects: Option<i64>,
+}
+
+/// One tool's defence against a repeated effect.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolDefence {
+    /// The tool name as the worker records it in `EffectAttempted.tool`.
+    #[schemars(length(min = 1, max = 128))]
+    pub name: String,
+    pub defence: Defence,
+}
+
+/// How a tool's provider lets a repeated call be told apart (§5.2).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Defence {
+    /// The provider honours an idempotency key: a repeat returns the first result.
+    ProviderIdempotency,
+    /// The provider can be asked by key whether a call landed (reconciliation).
+    QueryableByKey,
+    /// A landed call can be undone by a compensating call.
+    Compensable,
+    /// None of these: every attempt needs a person's approval first.
+    None,
 }
 
 fn default_true() -> bool {

@@ -266,6 +266,12 @@ pub enum Rejection {
     /// review): it must be reconciled or decided by a person before another attempt.
     #[error("effect {key} is {status}; reconcile it before attempting it again")]
     EffectUnresolved { key: String, status: String },
+    /// The tool has no defence against a repeated call (`defence: none` in the binding's
+    /// `SandboxProfile`): a person approves each attempt first.
+    #[error(
+        "tool {tool} has no defence against a repeated call: effect {key} needs a person's approval before each attempt (append HumanReviewRequested with approval: true, then wait for HumanReviewResolved approved)"
+    )]
+    ApprovalRequired { key: String, tool: String },
 }
 
 impl Rejection {
@@ -287,6 +293,7 @@ impl Rejection {
             Rejection::BudgetExceeded { .. } => "budget_exceeded",
             Rejection::EffectConfirmed { .. } => "effect_confirmed",
             Rejection::EffectUnresolved { .. } => "effect_unresolved",
+            Rejection::ApprovalRequired { .. } => "approval_required",
         }
     }
 
@@ -302,7 +309,8 @@ impl Rejection {
             | Rejection::SequenceConflict { .. }
             | Rejection::BudgetExceeded { .. }
             | Rejection::EffectConfirmed { .. }
-            | Rejection::EffectUnresolved { .. } => 409,
+            | Rejection::EffectUnresolved { .. }
+            | Rejection::ApprovalRequired { .. } => 409,
             Rejection::TooLarge { .. } | Rejection::TooMany { .. } => 413,
             Rejection::RateLimited { .. } => 429,
             Rejection::Invalid(_) => 422,

@@ -216,13 +216,15 @@ fn policy_key(p: &MemoryPolicy) -> String {
 
 /// Keeps the data plane's binding id -> (namespace, `memoryPolicyRef`) map equal to the
 /// HarnessBindings it can see, so a memory call is governed by the policies of its
-/// binding's own namespace (or the one policy the binding names). Runs on every replica.
-/// A binding without the binding-id label yet (created as YAML, before its first
-/// reconcile) is added once the controller labels it.
+/// binding's own namespace (or the one policy the binding names), and the binding id ->
+/// `SandboxProfile` map the run ledger takes its budgets and tool defences from. Runs on
+/// every replica. A binding without the binding-id label yet (created as YAML, before
+/// its first reconcile) is added once the controller labels it.
 pub async fn feed_bindings(
     client: kube::Client,
     namespace: Option<String>,
     scopes: crate::domain::memory::policy::BindingScopes,
+    ledger: crate::server::ledger_routes::LedgerBudgets,
 ) {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
@@ -231,30 +233,49 @@ pub async fn feed_bindings(
         None => Api::all(client),
     };
     let mut initial = std::collections::BTreeMap::new();
+    let mut initial_profiles = std::collections::HashMap::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         match event {
-            Ok(watcher::Event::Init) => initial.clear(),
+            Ok(watcher::Event::Init) => {
+                initial.clear();
+                initial_profiles.clear();
+            }
             Ok(watcher::Event::InitApply(b)) => {
                 if let Some((id, scope)) = binding_scope(&b) {
+                    initial_profiles.insert(id.clone(), binding_profile(&b, &scope));
                     initial.insert(id, scope);
                 }
             }
-            Ok(watcher::Event::InitDone) => scopes.replace(std::mem::take(&mut initial)),
+            Ok(watcher::Event::InitDone) => {
+                scopes.replace(std::mem::take(&mut initial));
+                ledger.replace_bindings(std::mem::take(&mut initial_profiles));
+            }
             Ok(watcher::Event::Apply(b)) => {
                 if let Some((id, scope)) = binding_scope(&b) {
+                    ledger.set_binding_profile(&id, Some(binding_profile(&b, &scope)));
                     scopes.set(&id, scope);
                 }
             }
             Ok(watcher::Event::Delete(b)) => {
                 if let Some((id, _)) = binding_scope(&b) {
+                    ledger.set_binding_profile(&id, None);
                     scopes.remove(&id);
                 }
             }
             Err(e) => tracing::warn!("watching HarnessBindings for memory policy scopes: {e}"),
         }
     }
+}
+
+/// `namespace/name` of the binding's SandboxProfile (the key the ledger's profile table
+/// uses).
+fn binding_profile(
+    b: &HarnessBinding,
+    scope: &crate::domain::memory::policy::PolicyScope,
+) -> String {
+    format!("{}/{}", scope.namespace, b.spec.sandbox_profile_ref.name)
 }
 
 /// A binding's id (its label) and where its memory policy comes from.

@@ -24,6 +24,41 @@ pub async fn reconcile(profile: Arc<SandboxProfile>, ctx: Arc<Context>) -> Resul
     result
 }
 
+/// Keeps the data plane's table of SandboxProfile ledger rules (`spec.ledger`: budgets
+/// and tool defences) equal to the profiles this replica can see. Runs on every replica
+/// (each serves the data plane), not only the leader. Profiles are keyed
+/// `namespace/name`.
+pub async fn feed_ledger_rules(
+    client: kube::Client,
+    namespace: Option<String>,
+    table: crate::server::ledger_routes::LedgerBudgets,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<SandboxProfile> = match &namespace {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let key = |p: &SandboxProfile| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+    let mut initial = std::collections::HashMap::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init) => initial.clear(),
+            Ok(watcher::Event::InitApply(p)) => {
+                if let Some(rules) = p.spec.ledger.clone() {
+                    initial.insert(key(&p), rules);
+                }
+            }
+            Ok(watcher::Event::InitDone) => table.replace_profiles(std::mem::take(&mut initial)),
+            Ok(watcher::Event::Apply(p)) => table.set_profile(&key(&p), p.spec.ledger.clone()),
+            Ok(watcher::Event::Delete(p)) => table.set_profile(&key(&p), None),
+            Err(e) => tracing::warn!("watching SandboxProfiles for ledger rules: {e}"),
+        }
+    }
+}
+
 /// Refusals decided by the profile's spec alone: not retried until it changes.
 const SPEC_ONLY: [&str; 1] = ["WarmPoolNamespaceMismatch"];
 

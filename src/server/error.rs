@@ -30,6 +30,7 @@ pub enum ErrorCode {
     BudgetExceeded,
     EffectConfirmed,
     EffectUnresolved,
+    ApprovalRequired,
     Invalid,
     TooLarge,
     RateLimited,
@@ -56,6 +57,7 @@ impl ErrorCode {
             ErrorCode::BudgetExceeded => "budget_exceeded",
             ErrorCode::EffectConfirmed => "effect_confirmed",
             ErrorCode::EffectUnresolved => "effect_unresolved",
+            ErrorCode::ApprovalRequired => "approval_required",
             ErrorCode::Invalid => "invalid",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::RateLimited => "rate_limited",
@@ -81,7 +83,8 @@ impl ErrorCode {
             | ErrorCode::SequenceConflict
             | ErrorCode::BudgetExceeded
             | ErrorCode::EffectConfirmed
-            | ErrorCode::EffectUnresolved => StatusCode::CONFLICT,
+            | ErrorCode::EffectUnresolved
+            | ErrorCode::ApprovalRequired => StatusCode::CONFLICT,
             ErrorCode::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -121,8 +124,8 @@ impl ErrorCode {
 pub struct ErrorBody {
     /// Stable machine-readable code: `stale_lease`, `stale_epoch`, `revision_conflict`,
     /// `idempotency_mismatch`, `run_uncertain`, `conflict`, and on the run ledger
-    /// `sequence_conflict`, `budget_exceeded`, `effect_confirmed`, `effect_unresolved`
-    /// (409); `invalid` (422);
+    /// `sequence_conflict`, `budget_exceeded`, `effect_confirmed`, `effect_unresolved`,
+    /// `approval_required` (409); `invalid` (422);
     /// `too_large` (413); `rate_limited` (429); `forbidden_scope` (403);
     /// `unauthenticated` (401); `not_found` (404); `method_not_allowed` (405);
     /// `unsupported_media_type` (415); `unavailable` (503: the store failed, retry);
@@ -247,6 +250,11 @@ impl From<Rejection> for ApiError {
             Rejection::EffectUnresolved { key, status } => (
                 ErrorCode::EffectUnresolved,
                 json!({"idempotency_key": key, "status": status}),
+                None,
+            ),
+            Rejection::ApprovalRequired { key, tool } => (
+                ErrorCode::ApprovalRequired,
+                json!({"idempotency_key": key, "tool": tool}),
                 None,
             ),
         };

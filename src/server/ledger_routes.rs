@@ -41,6 +41,7 @@ use super::{
     middleware::traced,
 };
 use crate::{
+    api::profile::{BudgetLimits, Defence, LedgerPolicy},
     domain::{
         ids::BindingId,
         ledger::{
@@ -66,43 +67,125 @@ pub fn router() -> OpenApiRouter<AppState> {
 // ---------------------------------------------------------------------------------------
 // Budgets: where an append's circuit breakers come from.
 
-/// The ledger budgets (§10.1) the server applies: a default for every binding (`serve`:
-/// its `--budget-*` flags; [`default_budgets`] otherwise) and per-binding limits that a
-/// binding's `SandboxProfile` sets when the operator feeds them in
-/// ([`LedgerBudgets::set_binding`]). Cheap to clone; every clone is the same table.
+/// The ledger rules the server applies per binding: budgets (§10.1) and tool defences
+/// (§5.2). The default budgets hold for every binding (`serve`: its `--budget-*` flags;
+/// [`default_budgets`] otherwise); in operator mode every replica feeds in its
+/// `SandboxProfile`s' `spec.ledger` ([`Self::set_profile`]) and which profile each
+/// binding uses ([`Self::set_binding_profile`]), and an append is decided with the
+/// binding's profile's limits over the default. Cheap to clone; every clone is the same
+/// table.
 #[derive(Clone, Default)]
 pub struct LedgerBudgets(Arc<RwLock<BudgetTable>>);
 
 #[derive(Default)]
 struct BudgetTable {
     default: Budgets,
-    by_binding: HashMap<BindingId, Budgets>,
+    /// `namespace/name` of a SandboxProfile -> its ledger rules.
+    profiles: HashMap<String, LedgerPolicy>,
+    /// Binding id -> `namespace/name` of its SandboxProfile.
+    bindings: HashMap<String, String>,
+}
+
+/// What a binding's appends are decided with.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BindingLedgerRules {
+    pub budgets: Budgets,
+    /// Tools whose every attempt needs a person's approval (`defence: none`).
+    pub approval_tools: Vec<String>,
+}
+
+impl BindingLedgerRules {
+    pub fn approval_required(&self, tool: &str) -> bool {
+        self.approval_tools.iter().any(|t| t == tool)
+    }
 }
 
 impl LedgerBudgets {
     pub fn new(default: Budgets) -> Self {
         LedgerBudgets(Arc::new(RwLock::new(BudgetTable {
             default,
-            by_binding: HashMap::new(),
+            ..BudgetTable::default()
         })))
     }
     /// The budgets an append to `id` is decided with.
     pub fn for_binding(&self, id: &BindingId) -> Budgets {
+        self.rules(id).budgets
+    }
+    /// Budgets and approval-gated tools of `id`: its profile's over the default.
+    pub fn rules(&self, id: &BindingId) -> BindingLedgerRules {
         let table = self.0.read().unwrap_or_else(|p| p.into_inner());
-        table.by_binding.get(id).copied().unwrap_or(table.default)
+        let policy = table
+            .bindings
+            .get(id.as_str())
+            .and_then(|profile| table.profiles.get(profile));
+        rules_of(table.default, policy)
     }
     pub fn default_budgets(&self) -> Budgets {
         self.0.read().unwrap_or_else(|p| p.into_inner()).default
     }
-    /// Limits for one binding (from its `SandboxProfile`), replacing the default there.
-    pub fn set_binding(&self, id: BindingId, budgets: Budgets) {
+    /// A SandboxProfile's ledger rules (`None`: it sets none, or it is gone).
+    pub fn set_profile(&self, key: &str, policy: Option<LedgerPolicy>) {
         let mut table = self.0.write().unwrap_or_else(|p| p.into_inner());
-        table.by_binding.insert(id, budgets);
+        match policy {
+            Some(p) => table.profiles.insert(key.to_owned(), p),
+            None => table.profiles.remove(key),
+        };
     }
-    /// Back to the default for `id`.
-    pub fn remove_binding(&self, id: &BindingId) {
+    /// Every profile at once (a watch's first list).
+    pub fn replace_profiles(&self, profiles: HashMap<String, LedgerPolicy>) {
+        self.0.write().unwrap_or_else(|p| p.into_inner()).profiles = profiles;
+    }
+    /// Which profile (`namespace/name`) binding `id` uses (`None`: it is gone).
+    pub fn set_binding_profile(&self, id: &str, profile: Option<String>) {
         let mut table = self.0.write().unwrap_or_else(|p| p.into_inner());
-        table.by_binding.remove(id);
+        match profile {
+            Some(p) => table.bindings.insert(id.to_owned(), p),
+            None => table.bindings.remove(id),
+        };
+    }
+    /// Every binding at once (a watch's first list).
+    pub fn replace_bindings(&self, bindings: HashMap<String, String>) {
+        self.0.write().unwrap_or_else(|p| p.into_inner()).bindings = bindings;
+    }
+}
+
+/// The rules of a binding whose profile has `policy`: each limit the profile sets
+/// replaces the default one, the others stay.
+pub fn rules_of(default: Budgets, policy: Option<&LedgerPolicy>) -> BindingLedgerRules {
+    let Some(policy) = policy else {
+        return BindingLedgerRules {
+            budgets: default,
+            approval_tools: Vec::new(),
+        };
+    };
+    let scope = |base: Budget, limits: Option<&BudgetLimits>| {
+        let Some(l) = limits else { return base };
+        let limit = |set: Option<i64>, base: Option<u64>| match set {
+            Some(v) => Some(u64::try_from(v).unwrap_or(0)),
+            None => base,
+        };
+        Budget {
+            steps: limit(l.steps, base.steps),
+            tokens: limit(l.tokens, base.tokens),
+            cost_units: limit(l.cost_units, base.cost_units),
+            irreversible: limit(l.irreversible_effects, base.irreversible),
+        }
+    };
+    let budgets = policy.budgets.as_ref();
+    BindingLedgerRules {
+        budgets: Budgets {
+            per_turn: scope(
+                default.per_turn,
+                budgets.and_then(|b| b.per_turn.as_ref()),
+            ),
+            per_run: scope(default.per_run, budgets.and_then(|b| b.per_run.as_ref())),
+        },
+        approval_tools: policy
+            .tools
+            .iter()
+            .filter(|t| t.defence == Defence::None)
+            .map(|t| t.name.clone())
+            .collect(),
     }
 }
 
@@ -270,6 +353,8 @@ impl LedgerMetrics {
 pub struct LedgerWorker {
     pub record: BindingRecord,
     pub scope: StateScope,
+    /// The caller is the binding's sandbox worker (not a control-plane service).
+    pub sandbox_worker: bool,
 }
 
 impl FromRequestParts<AppState> for LedgerWorker {
@@ -287,7 +372,11 @@ impl FromRequestParts<AppState> for LedgerWorker {
         };
         let (record, scope) =
             authz::worker_access(state, &caller, &id, verb, named, &fence, None).await?;
-        Ok(LedgerWorker { record, scope })
+        Ok(LedgerWorker {
+            record,
+            scope,
+            sandbox_worker: matches!(caller, super::auth::Caller::Worker(_)),
+        })
     }
 }
 
@@ -529,6 +618,10 @@ pub enum EffectStatusView {
     Unknown,
     /// Reconciliation gave up: a person decides.
     AwaitingHuman,
+    /// The tool has no defence against a repeat: a person approves the attempt first.
+    AwaitingApproval,
+    /// Approved; the next attempt may go ahead (and consumes the approval).
+    Approved,
 }
 
 impl From<EffectStatus> for EffectStatusView {
@@ -539,6 +632,8 @@ impl From<EffectStatus> for EffectStatusView {
             EffectStatus::Refused => EffectStatusView::Refused,
             EffectStatus::Unknown => EffectStatusView::Unknown,
             EffectStatus::AwaitingHuman => EffectStatusView::AwaitingHuman,
+            EffectStatus::AwaitingApproval => EffectStatusView::AwaitingApproval,
+            EffectStatus::Approved => EffectStatusView::Approved,
         }
     }
 }
@@ -801,6 +896,8 @@ pub struct BindingMetricsView {
     pub unknown_effects_waiting: u64,
     /// Effects attempted without an outcome yet.
     pub effects_in_flight: u64,
+    /// Effects of tools without a defence waiting for a person to approve the attempt.
+    pub approvals_waiting: u64,
     pub guardrail_coverage: Option<f64>,
     pub repeated_action_ratio: Option<f64>,
     pub loops_detected: u64,
@@ -821,6 +918,7 @@ impl From<BindingMetrics> for BindingMetricsView {
             cost_per_attempted_outcome: m.cost_per_attempted_outcome,
             unknown_effects_waiting: m.unknown_effects_waiting,
             effects_in_flight: m.effects_in_flight,
+            approvals_waiting: m.approvals_waiting,
             guardrail_coverage: m.guardrail_coverage,
             repeated_action_ratio: m.repeated_action_ratio,
             loops_detected: m.loops_detected,
@@ -969,8 +1067,10 @@ fn redact_args(payload: &mut Value) {
 /// (`idempotency_mismatch` for another event under the key), and decided against the
 /// folded state: an attempt of a confirmed effect is `effect_confirmed` (its recorded
 /// result in `details.effect.result`), of an unknown or in-flight one
-/// `effect_unresolved`; a circuit breaker is `budget_exceeded` (`details.what`,
-/// `details.limit`); forbidden payload fields are `invalid`. A refusal appends nothing.
+/// `effect_unresolved`; an attempt of a tool whose `SandboxProfile` declares no defence
+/// (`defence: none`) without an approval is `approval_required`; a circuit breaker is
+/// `budget_exceeded` (`details.what`, `details.limit`, from the binding's profile over
+/// the default); forbidden payload fields are `invalid`. A refusal appends nothing.
 #[utoipa::path(post, path = "/v1/bindings/{binding_id}/runs/events", tag = "runs",
     params(BindingIdParam, IdempotencyHeader, FenceHeaders, SubjectParam),
     request_body = AppendEventBody,
@@ -984,12 +1084,28 @@ async fn append_event(
     IdempotencyKey(key): IdempotencyKey,
     ApiJson(body): ApiJson<AppendEventBody>,
 ) -> Result<(StatusCode, Json<EventAppended>), ApiError> {
-    let LedgerWorker { record, scope } = worker;
+    let LedgerWorker {
+        record,
+        scope,
+        sandbox_worker,
+    } = worker;
     let event_type = EventType::from(body.event_type);
+    if sandbox_worker && event_type == EventType::HumanReviewResolved {
+        // A person's decision (an outcome or an approval) is relayed by a control-plane
+        // service, as an interrupt's answer is: the worker that asked does not answer.
+        return Err(ApiError::forbidden(
+            "a sandbox worker cannot record a person's decision: HumanReviewResolved is appended by a control-plane service",
+        ));
+    }
     let mut payload = body.payload;
     if event_type == EventType::EffectAttempted {
         redact_args(&mut payload);
     }
+    let rules = state.ledger_budgets().rules(&record.binding_id);
+    let payload_tool = payload
+        .get("tool")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let request = AppendRequest {
         event: NewEvent {
             event_type,
@@ -1015,7 +1131,9 @@ async fn append_event(
                 .to_owned(),
         ),
         expected_last_seq: body.expected_last_seq,
-        budgets: state.ledger_budgets().for_binding(&record.binding_id),
+        budgets: rules.budgets,
+        approval_required: event_type == EventType::EffectAttempted
+            && payload_tool.is_some_and(|t| rules.approval_required(&t)),
     };
     let span = span(Step::ThreadStateWrite, "ledger.append", &record.binding_id);
     let result = traced(span.clone(), state.store().append_event(&scope, &request)).await;
@@ -1243,22 +1361,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn per_binding_budgets_replace_the_default() {
-        let budgets = LedgerBudgets::new(default_budgets());
+    fn a_bindings_profile_sets_its_budgets_and_gated_tools() {
+        let table = LedgerBudgets::new(default_budgets());
         let id =
             BindingId::parse("hb_0123456789abcdef0123456789abcdef").unwrap_or_else(|| panic!("id"));
-        assert_eq!(budgets.for_binding(&id), default_budgets());
-        let tight = Budgets {
-            per_turn: Budget {
-                steps: Some(2),
-                ..Budget::default()
-            },
-            ..Budgets::default()
-        };
-        budgets.set_binding(id.clone(), tight);
-        assert_eq!(budgets.for_binding(&id), tight);
-        budgets.remove_binding(&id);
-        assert_eq!(budgets.for_binding(&id), default_budgets());
+        assert_eq!(table.rules(&id), rules_of(default_budgets(), None));
+        let policy: LedgerPolicy = serde_json::from_value(serde_json::json!({
+            "budgets": {"perTurn": {"steps": 2, "costUnits": 10}, "perRun": {"irreversibleEffects": 0}},
+            "tools": [{"name": "issue_refund", "defence": "queryableByKey"},
+                      {"name": "send_fax", "defence": "none"}]
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        table.set_profile("team/p", Some(policy));
+        // The profile applies once the binding is known to use it.
+        assert_eq!(table.for_binding(&id), default_budgets());
+        table.set_binding_profile(id.as_str(), Some("team/p".into()));
+        let rules = table.rules(&id);
+        let d = default_budgets();
+        assert_eq!(rules.budgets.per_turn.steps, Some(2));
+        assert_eq!(rules.budgets.per_turn.cost_units, Some(10));
+        assert_eq!(rules.budgets.per_turn.irreversible, d.per_turn.irreversible);
+        assert_eq!(rules.budgets.per_run.irreversible, Some(0));
+        assert_eq!(rules.budgets.per_run.steps, d.per_run.steps);
+        assert!(rules.approval_required("send_fax"));
+        assert!(!rules.approval_required("issue_refund"));
+        assert!(!rules.approval_required("unlisted"));
+        table.set_profile("team/p", None);
+        assert_eq!(table.rules(&id), rules_of(default_budgets(), None));
     }
 
     #[test]

@@ -55,7 +55,7 @@ const ERROR_RESPONSES: &[(&str, &str)] = &[
     ),
     (
         "409",
-        "stale_lease, stale_epoch, revision_conflict, idempotency_mismatch, run_uncertain, conflict; on the ledger also sequence_conflict, budget_exceeded, effect_confirmed, effect_unresolved",
+        "stale_lease, stale_epoch, revision_conflict, idempotency_mismatch, run_uncertain, conflict; on the ledger also sequence_conflict, budget_exceeded, effect_confirmed, effect_unresolved, approval_required",
     ),
     (
         "413",

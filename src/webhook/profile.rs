@@ -71,8 +71,38 @@ pub fn validate(namespace: &str, spec: &SandboxProfileSpec) -> Vec<Violation> {
             ),
         ));
     }
+    violations.extend(ledger_rules(spec));
     violations.extend(unsupported(spec));
     violations
+}
+
+/// `spec.ledger`: a per-turn limit above the per-run one could never be reached.
+fn ledger_rules(spec: &SandboxProfileSpec) -> Vec<Violation> {
+    let Some(budgets) = spec.ledger.as_ref().and_then(|l| l.budgets.as_ref()) else {
+        return Vec::new();
+    };
+    let (Some(turn), Some(run)) = (&budgets.per_turn, &budgets.per_run) else {
+        return Vec::new();
+    };
+    [
+        ("steps", turn.steps, run.steps),
+        ("tokens", turn.tokens, run.tokens),
+        ("costUnits", turn.cost_units, run.cost_units),
+        (
+            "irreversibleEffects",
+            turn.irreversible_effects,
+            run.irreversible_effects,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(field, turn, run)| match (turn, run) {
+        (Some(t), Some(r)) if t > r => Some(Violation::invalid(
+            format!("spec.ledger.budgets.perTurn.{field}"),
+            format!("{t} is above spec.ledger.budgets.perRun.{field} ({r}): a turn is part of a run, so the per-turn limit could never be reached"),
+        )),
+        _ => None,
+    })
+    .collect()
 }
 
 /// Fields the schema declares but Harness Engine does not apply yet: each is refused,
@@ -258,10 +288,38 @@ pub(crate) mod tests {
             obj.insert("hibernation".into(), "release".into());
             obj.insert("workloadClass".into(), "untrusted-code".into());
             obj.insert("workspace".into(), serde_json::json!({"mode": "ephemeral"}));
+            obj.insert(
+                "ledger".into(),
+                serde_json::json!({
+                    "budgets": {"perTurn": {"steps": 50, "irreversibleEffects": 1},
+                                "perRun": {"steps": 500, "costUnits": 1000}},
+                    "tools": [{"name": "issue_refund", "defence": "queryableByKey"},
+                              {"name": "send_email", "defence": "none"}]
+                }),
+            );
         }
         let spec: SandboxProfileSpec =
             serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"));
         assert!(validate("ns", &spec).is_empty());
+    }
+
+    #[test]
+    fn a_per_turn_budget_above_the_per_run_one_is_refused() {
+        let mut value = serde_json::to_value(profile_spec()).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "ledger".into(),
+                serde_json::json!({"budgets": {
+                    "perTurn": {"steps": 50, "tokens": 9000},
+                    "perRun": {"steps": 40, "tokens": 9000}}}),
+            );
+        }
+        let spec: SandboxProfileSpec =
+            serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}"));
+        let v = validate("ns", &spec);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].field, "spec.ledger.budgets.perTurn.steps");
+        assert!(v[0].message.contains("perRun.steps (40)"), "{}", v[0].message);
     }
 
     #[test]

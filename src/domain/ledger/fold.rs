@@ -28,6 +28,11 @@ pub enum EffectStatus {
     Unknown,
     /// Reconciliation gave up: a person decides.
     AwaitingHuman,
+    /// Not attempted yet: the tool has no defence against a repeat (`defence: none` in
+    /// the binding's `SandboxProfile`), and a person approves each attempt (§5.2).
+    AwaitingApproval,
+    /// A person approved the next attempt; the attempt consumes the approval.
+    Approved,
 }
 
 impl EffectStatus {
@@ -38,14 +43,20 @@ impl EffectStatus {
             EffectStatus::Refused => "refused",
             EffectStatus::Unknown => "unknown",
             EffectStatus::AwaitingHuman => "awaiting_human",
+            EffectStatus::AwaitingApproval => "awaiting_approval",
+            EffectStatus::Approved => "approved",
         }
     }
 
-    /// Not settled: no new attempt until reconciled or decided.
+    /// Not settled: no new attempt until reconciled or decided (an approval not yet
+    /// given counts: the run cannot claim success past it).
     pub fn is_unresolved(self) -> bool {
         matches!(
             self,
-            EffectStatus::Attempted | EffectStatus::Unknown | EffectStatus::AwaitingHuman
+            EffectStatus::Attempted
+                | EffectStatus::Unknown
+                | EffectStatus::AwaitingHuman
+                | EffectStatus::AwaitingApproval
         )
     }
 }
@@ -190,6 +201,14 @@ fn key_of(payload: &Value) -> Option<&str> {
     payload.get("idempotency_key").and_then(Value::as_str)
 }
 
+/// A `HumanReviewRequested` that asks approval for an attempt (not an outcome review).
+fn approval_of(payload: &Value) -> bool {
+    payload
+        .get("approval")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
 fn irreversible_of(payload: &Value) -> bool {
     payload
         .get("irreversible")
@@ -240,7 +259,14 @@ fn conflict(what: String) -> Rejection {
 impl LedgerState {
     /// Whether `new` may be appended now (the state-dependent rules; payload shape is
     /// checked by [`super::validate_payload`]).
-    pub fn admit(&self, new: &NewEvent, budgets: &Budgets) -> Result<(), Rejection> {
+    /// `approval_required`: the event's tool has no defence against a repeat, so an
+    /// attempt needs a person's approval first (§5.2).
+    pub fn admit(
+        &self,
+        new: &NewEvent,
+        budgets: &Budgets,
+        approval_required: bool,
+    ) -> Result<(), Rejection> {
         let run = self.runs.get(&new.run_id);
         match (new.event_type, run) {
             (EventType::RunStarted, Some(_)) => {
@@ -283,6 +309,16 @@ impl LedgerState {
                     key: key.unwrap_or_default().to_owned(),
                     status: e.status.as_str().to_owned(),
                 }),
+                Some(e) if e.status == EffectStatus::Approved => Ok(()),
+                _ if approval_required => Err(Rejection::ApprovalRequired {
+                    key: key.unwrap_or_default().to_owned(),
+                    tool: new
+                        .payload
+                        .get("tool")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                }),
                 _ => Ok(()),
             },
             EventType::EffectOutcomeObserved => {
@@ -309,6 +345,16 @@ impl LedgerState {
                     ))),
                 }
             }
+            EventType::HumanReviewRequested if approval_of(&new.payload) => {
+                let key = key.unwrap_or_default();
+                match effect.map(|e| e.status) {
+                    None | Some(EffectStatus::Refused) => Ok(()),
+                    Some(status) => Err(conflict(format!(
+                        "effect {key} is {}; an approval is asked before an attempt, when none is pending",
+                        status.as_str()
+                    ))),
+                }
+            }
             EventType::HumanReviewRequested => match (key, effect) {
                 (Some(key), None) => Err(Rejection::NotFound(format!("effect {key}"))),
                 (Some(key), Some(e)) if !e.status.is_unresolved() => Err(conflict(format!(
@@ -323,6 +369,22 @@ impl LedgerState {
                     "effect {key} is {}; nothing to decide",
                     e.status.as_str()
                 ))),
+                (Some(key), Some(e)) => {
+                    let decision = new.payload.get("decision").and_then(Value::as_str);
+                    let approval = matches!(decision, Some("approved" | "rejected"));
+                    if approval == (e.status == EffectStatus::AwaitingApproval) {
+                        Ok(())
+                    } else if approval {
+                        Err(conflict(format!(
+                            "effect {key} is {}: decide its outcome (confirmed or refused), not an approval",
+                            e.status.as_str()
+                        )))
+                    } else {
+                        Err(conflict(format!(
+                            "effect {key} awaits approval: decide approved or rejected"
+                        )))
+                    }
+                }
                 _ => Ok(()),
             },
             EventType::RunCompleted => {
@@ -408,6 +470,30 @@ impl LedgerState {
                         .flatten();
                 }
             }
+            EventType::HumanReviewRequested if approval_of(p) => {
+                if let Some(key) = &key {
+                    let e = self
+                        .effects
+                        .entry(key.clone())
+                        .or_insert_with(|| EffectRecord {
+                            status: EffectStatus::AwaitingApproval,
+                            tool: p
+                                .get("tool")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_owned(),
+                            run_id: event.run_id.clone(),
+                            turn_id: event.turn_id.clone(),
+                            attempts: 0,
+                            irreversible: false,
+                            last_attempt_seq: 0,
+                            outcome_seq: None,
+                            via: None,
+                            result: None,
+                        });
+                    e.status = EffectStatus::AwaitingApproval;
+                }
+            }
             EventType::HumanReviewRequested => {
                 if let Some(e) = key.as_ref().and_then(|k| self.effects.get_mut(k)) {
                     e.status = EffectStatus::AwaitingHuman;
@@ -419,9 +505,13 @@ impl LedgerState {
                         .get("decision")
                         .and_then(Value::as_str)
                         .and_then(Outcome::parse);
-                    e.status = match decision {
-                        Some(Outcome::Confirmed) => EffectStatus::Confirmed,
-                        Some(Outcome::Refused) => EffectStatus::Refused,
+                    let approval = p.get("decision").and_then(Value::as_str);
+                    e.status = match (decision, approval) {
+                        (Some(Outcome::Confirmed), _) => EffectStatus::Confirmed,
+                        (Some(Outcome::Refused), _) | (_, Some("rejected")) => {
+                            EffectStatus::Refused
+                        }
+                        (_, Some("approved")) => EffectStatus::Approved,
                         _ => e.status,
                     };
                     e.outcome_seq = Some(event.seq);

@@ -52,6 +52,8 @@ pub struct BindingMetrics {
     pub unknown_effects_waiting: u64,
     /// Effects attempted with no outcome observed yet.
     pub effects_in_flight: u64,
+    /// Effects of tools without a defence waiting for a person to approve the attempt.
+    pub approvals_waiting: u64,
     pub guardrail_coverage: Option<f64>,
     pub repeated_action_ratio: Option<f64>,
     pub loops_detected: u64,
@@ -122,7 +124,8 @@ pub fn binding_metrics(state: &LedgerState) -> BindingMetrics {
         match effect.status {
             EffectStatus::Unknown | EffectStatus::AwaitingHuman => m.unknown_effects_waiting += 1,
             EffectStatus::Attempted => m.effects_in_flight += 1,
-            EffectStatus::Confirmed | EffectStatus::Refused => {}
+            EffectStatus::AwaitingApproval => m.approvals_waiting += 1,
+            EffectStatus::Confirmed | EffectStatus::Refused | EffectStatus::Approved => {}
         }
     }
     m

@@ -50,6 +50,9 @@ pub struct AppendRequest {
     pub expected_last_seq: Option<u64>,
     /// Circuit breakers (§10.1), from the binding's `SandboxProfile`.
     pub budgets: Budgets,
+    /// The event's tool has defence `none` in the binding's `SandboxProfile`: an
+    /// `EffectAttempted` needs an approved human review first (§5.2).
+    pub approval_required: bool,
 }
 
 /// The decided append: the event to store, the state after it, and what changed.
@@ -120,7 +123,7 @@ pub fn plan_append(
             actual: state.last_seq,
         });
     }
-    state.admit(new, &request.budgets)?;
+    state.admit(new, &request.budgets, request.approval_required)?;
     let mut versions = new.versions.clone();
     versions.reducer = REDUCER_VERSION.to_owned();
     if versions.schema.is_empty() {

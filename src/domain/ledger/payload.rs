@@ -288,7 +288,18 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
         }
         EventType::HumanReviewRequested => {
             string_field(map, t, "reason")?;
-            Ok(())
+            match map.get("approval") {
+                None | Some(Value::Bool(false)) => Ok(()),
+                Some(Value::Bool(true)) => {
+                    // Asking approval for an attempt: of which effect, of which tool.
+                    string_field(map, t, "idempotency_key")?;
+                    string_field(map, t, "tool")?;
+                    Ok(())
+                }
+                Some(_) => Err(Rejection::Invalid(
+                    "HumanReviewRequested payload field `approval` must be a boolean".into(),
+                )),
+            }
         }
         EventType::HumanReviewResolved => {
             string_field(map, t, "decision")?;
@@ -298,8 +309,12 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
                     map,
                     t,
                     "decision",
-                    |s| Outcome::parse(s).filter(|o| *o != Outcome::Unknown),
-                    "confirmed, refused (for an effect)",
+                    |s| {
+                        (matches!(s, "approved" | "rejected")
+                            || Outcome::parse(s).is_some_and(|o| o != Outcome::Unknown))
+                        .then_some(())
+                    },
+                    "confirmed, refused (an outcome), approved, rejected (an approval)",
                 )?;
             }
             Ok(())
