@@ -612,7 +612,11 @@ async fn ledger_budgets_and_tool_defences_come_from_the_profile() {
     assert_eq!(code, 201, "{body}\n{}", op.log_text());
     // The gated tool: refused until approved, nothing appended.
     let (code, body) = append("e2", event("EffectAttempted", "t1", fax.clone())).await;
-    assert_eq!((code, body["code"].as_str()), (409, Some("approval_required")), "{body}");
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (409, Some("approval_required")),
+        "{body}"
+    );
     assert_eq!(body["details"]["tool"], "send_fax", "{body}");
     // A tool with a defence is not gated.
     let refund = json!({"tool": "issue_refund", "idempotency_key": "refund-1",
@@ -621,19 +625,31 @@ async fn ledger_budgets_and_tool_defences_come_from_the_profile() {
     assert_eq!(code, 201, "{body}");
     let (code, body) = append(
         "e4",
-        event("HumanReviewRequested", "t1", json!({"idempotency_key": "fax-1",
+        event(
+            "HumanReviewRequested",
+            "t1",
+            json!({"idempotency_key": "fax-1",
               "reason": "send_fax has no defence against a repeat", "approval": true,
-              "tool": "send_fax"})),
+              "tool": "send_fax"}),
+        ),
     )
     .await;
     assert_eq!(code, 201, "{body}");
     // The worker cannot approve its own request.
     let (code, body) = append(
         "e5",
-        event("HumanReviewResolved", "t1", json!({"idempotency_key": "fax-1", "decision": "approved"})),
+        event(
+            "HumanReviewResolved",
+            "t1",
+            json!({"idempotency_key": "fax-1", "decision": "approved"}),
+        ),
     )
     .await;
-    assert_eq!((code, body["code"].as_str()), (403, Some("forbidden_scope")), "{body}");
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (403, Some("forbidden_scope")),
+        "{body}"
+    );
 
     // A backend service acting for alice relays the person's approval.
     let backend = backend_token(&fx).await;
@@ -652,7 +668,11 @@ async fn ledger_budgets_and_tool_defences_come_from_the_profile() {
         .header("Harness-Epoch", "0")
         .header("Harness-Lease-Generation", generation(&b).to_string())
         .header("Idempotency-Key", "approve-fax-1")
-        .json(&event("HumanReviewResolved", "t2", json!({"idempotency_key": "fax-1", "decision": "approved"})))
+        .json(&event(
+            "HumanReviewResolved",
+            "t2",
+            json!({"idempotency_key": "fax-1", "decision": "approved"}),
+        ))
         .send()
         .await
         .expect("approval");
@@ -668,23 +688,52 @@ async fn ledger_budgets_and_tool_defences_come_from_the_profile() {
 
     // The per-turn step budget of the profile: t1 has 3 events; the 4th fits, the 5th
     // trips.
-    let (code, body) = append("e7", event("GuardrailEvaluated", "t1",
-        json!({"guardrail": "pii", "result": "pass"}))).await;
+    let (code, body) = append(
+        "e7",
+        event(
+            "GuardrailEvaluated",
+            "t1",
+            json!({"guardrail": "pii", "result": "pass"}),
+        ),
+    )
+    .await;
     assert_eq!(code, 201, "{body}");
-    let (code, body) = append("e8", event("GuardrailEvaluated", "t1",
-        json!({"guardrail": "pii", "result": "pass"}))).await;
-    assert_eq!((code, body["code"].as_str()), (409, Some("budget_exceeded")), "{body}");
+    let (code, body) = append(
+        "e8",
+        event(
+            "GuardrailEvaluated",
+            "t1",
+            json!({"guardrail": "pii", "result": "pass"}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (409, Some("budget_exceeded")),
+        "{body}"
+    );
     assert_eq!(body["details"]["limit"], 4, "{body}");
     assert_eq!(body["details"]["what"], "per-turn steps", "{body}");
 
     // A raised limit applies without a restart, once the replica's watch sees it.
     fx.patch_profile(json!({"ledger": {"budgets": {"perTurn": {"steps": 10}}}}))
         .await;
-    eventually(Duration::from_secs(30), "the raised budget applies", || async {
-        let (code, _) = append("e8", event("GuardrailEvaluated", "t1",
-            json!({"guardrail": "pii", "result": "pass"}))).await;
-        (code == 201).then_some(())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the raised budget applies",
+        || async {
+            let (code, _) = append(
+                "e8",
+                event(
+                    "GuardrailEvaluated",
+                    "t1",
+                    json!({"guardrail": "pii", "result": "pass"}),
+                ),
+            )
+            .await;
+            (code == 201).then_some(())
+        },
+    )
     .await;
     op.stop();
     drop_finalizers(fx.ns());

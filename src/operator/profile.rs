@@ -39,7 +39,8 @@ pub async fn feed_ledger_rules(
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),
     };
-    let key = |p: &SandboxProfile| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+    let key =
+        |p: &SandboxProfile| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
     let mut initial = std::collections::HashMap::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);

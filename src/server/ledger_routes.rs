@@ -174,10 +174,7 @@ pub fn rules_of(default: Budgets, policy: Option<&LedgerPolicy>) -> BindingLedge
     let budgets = policy.budgets.as_ref();
     BindingLedgerRules {
         budgets: Budgets {
-            per_turn: scope(
-                default.per_turn,
-                budgets.and_then(|b| b.per_turn.as_ref()),
-            ),
+            per_turn: scope(default.per_turn, budgets.and_then(|b| b.per_turn.as_ref())),
             per_run: scope(default.per_run, budgets.and_then(|b| b.per_run.as_ref())),
         },
         approval_tools: policy

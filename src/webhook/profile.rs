@@ -319,7 +319,11 @@ pub(crate) mod tests {
         let v = validate("ns", &spec);
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(v[0].field, "spec.ledger.budgets.perTurn.steps");
-        assert!(v[0].message.contains("perRun.steps (40)"), "{}", v[0].message);
+        assert!(
+            v[0].message.contains("perRun.steps (40)"),
+            "{}",
+            v[0].message
+        );
     }
 
     #[test]

@@ -85,31 +85,53 @@ pub struct Observed {
     pub last_pending: Option<(u64, String)>,
 }
 
-/// Runs the child until `stop` says so, then SIGKILLs it.
-pub fn run_child_until(mut cmd: Command, stop: impl Fn(&Observed) -> bool) -> Observed {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child: Child = cmd.spawn().expect("spawn crash child");
-    let stdout = child.stdout.take().expect("child stdout");
-    let mut observed = Observed::default();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut lines = BufReader::new(stdout).lines();
-    let note = |observed: &mut Observed, line: &str| -> bool {
+impl Observed {
+    /// Notes one line of the child's output; `false` when it is not one of ours.
+    pub fn note(&mut self, line: &str) -> bool {
         let mut parts = line.split_whitespace();
         match (
             parts.next(),
             parts.next().and_then(|n| n.parse::<u64>().ok()),
         ) {
-            (Some("ACK"), Some(n)) => observed.last_ack = n,
+            (Some("ACK"), Some(n)) => self.last_ack = n,
             (Some("PENDING"), Some(n)) => {
-                observed.last_pending = parts.next().map(|id| (n, id.to_owned()))
+                self.last_pending = parts.next().map(|id| (n, id.to_owned()))
             }
             _ => return false,
         }
         true
-    };
+    }
+}
+
+/// What a crash child's output lines tell the parent.
+pub trait Notes: Default {
+    /// Notes one line; `false` when it is not one of ours.
+    fn note_line(&mut self, line: &str) -> bool;
+}
+
+impl Notes for Observed {
+    fn note_line(&mut self, line: &str) -> bool {
+        self.note(line)
+    }
+}
+
+impl Notes for super::ledger_crash::Acked {
+    fn note_line(&mut self, line: &str) -> bool {
+        self.note(line)
+    }
+}
+
+/// Runs the child until `stop` says so, then SIGKILLs it.
+pub fn run_child_until<O: Notes>(mut cmd: Command, stop: impl Fn(&O) -> bool) -> O {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child: Child = cmd.spawn().expect("spawn crash child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let mut observed = O::default();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut lines = BufReader::new(stdout).lines();
     for line in lines.by_ref() {
         let Ok(line) = line else { break };
-        if !note(&mut observed, &line) {
+        if !observed.note_line(&line) {
             continue;
         }
         if stop(&observed) || Instant::now() > deadline {
@@ -121,7 +143,7 @@ pub fn run_child_until(mut cmd: Command, stop: impl Fn(&Observed) -> bool) -> Ob
     // The child kept running between our decision and the kill: what it acknowledged
     // in that window is still in the pipe, and counts.
     for line in lines.map_while(Result::ok) {
-        note(&mut observed, &line);
+        observed.note_line(&line);
     }
     observed
 }

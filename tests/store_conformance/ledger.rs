@@ -406,6 +406,79 @@ pub async fn ledger_budgets_trip<S: Store + ?Sized>(store: &S) {
     assert_eq!(last_seq(store, &scope).await, 4);
 }
 
+/// A tool without a defence (§5.2): its attempt needs an approval, which a person
+/// gives through `HumanReviewResolved`; the approval admits one attempt. Same refusals,
+/// same codes, nothing appended by a refusal, on every backend.
+pub async fn ledger_approval_gates_tools_without_defence<S: Store + ?Sized>(store: &S) {
+    let scope = started(store, "ledger-approval").await;
+    let gated = |e: NewEvent| AppendRequest {
+        event: e,
+        approval_required: true,
+        ..AppendRequest::default()
+    };
+    let try_ = |r: AppendRequest| {
+        let scope = scope.clone();
+        async move { code(store.append_event(&scope, &r).await) }
+    };
+    let attempt_k = || event(EventType::EffectAttempted, "run-1", "t1", attempt("fax-1"));
+    let before = last_seq(store, &scope).await;
+    assert_eq!(try_(gated(attempt_k())).await, "approval_required");
+    assert_eq!(
+        last_seq(store, &scope).await,
+        before,
+        "a refusal appends nothing"
+    );
+    append(
+        store,
+        &scope,
+        &gated(event(
+            EventType::HumanReviewRequested,
+            "run-1",
+            "t1",
+            json!({"idempotency_key": "fax-1", "reason": "no defence", "approval": true,
+                   "tool": "issue_refund"}),
+        )),
+    )
+    .await;
+    assert_eq!(try_(gated(attempt_k())).await, "effect_unresolved");
+    let approved = append(
+        store,
+        &scope,
+        &request(event(
+            EventType::HumanReviewResolved,
+            "run-1",
+            "t1",
+            json!({"idempotency_key": "fax-1", "decision": "approved"}),
+        )),
+    )
+    .await;
+    assert_eq!(
+        approved.signals.effect.map(|e| e.status),
+        Some(EffectStatus::Approved)
+    );
+    let attempted = append(store, &scope, &gated(attempt_k())).await;
+    assert_eq!(
+        attempted.signals.effect.map(|e| (e.status, e.attempts)),
+        Some((EffectStatus::Attempted, 1))
+    );
+    append(
+        store,
+        &scope,
+        &gated(event(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            observed("fax-1", "refused", "direct"),
+        )),
+    )
+    .await;
+    assert_eq!(
+        try_(gated(attempt_k())).await,
+        "approval_required",
+        "each attempt needs its own approval"
+    );
+}
+
 /// A run read returns its events after a sequence and the state folded from all of
 /// them; the folded state equals a replay of the stored events, and a snapshot plus the
 /// events after it folds to the same state.

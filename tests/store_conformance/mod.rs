@@ -9,6 +9,7 @@
 
 pub mod crash;
 pub mod ledger;
+pub mod ledger_crash;
 
 use std::collections::HashSet;
 
@@ -1625,6 +1626,7 @@ pub const CASES: &[&str] = &[
     "ledger_refuses_bad_payloads",
     "ledger_effect_rules",
     "ledger_budgets_trip",
+    "ledger_approval_gates_tools_without_defence",
     "ledger_run_read_replays_and_snapshots",
     "ledger_concurrent_appends_have_no_gaps",
 ];
@@ -1668,6 +1670,7 @@ macro_rules! conformance_tests {
             ledger_refuses_bad_payloads,
             ledger_effect_rules,
             ledger_budgets_trip,
+            ledger_approval_gates_tools_without_defence,
             ledger_run_read_replays_and_snapshots,
             ledger_concurrent_appends_have_no_gaps
         );

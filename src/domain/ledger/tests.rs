@@ -399,49 +399,94 @@ fn try_gated(state: &mut LedgerState, event: NewEvent) -> Result<LedgerEvent, Re
 #[test]
 fn a_tool_without_defence_is_attempted_only_after_each_approval() {
     let mut s = started();
-    let review = |approval: bool| {
-        json!({"idempotency_key": "k1", "reason": "no defence", "approval": approval, "tool": "issue_refund"})
-    };
+    let review = |approval: bool| json!({"idempotency_key": "k1", "reason": "no defence", "approval": approval, "tool": "issue_refund"});
     let decide = |d: &str| json!({"idempotency_key": "k1", "decision": d});
     let attempt_k1 = || new(EventType::EffectAttempted, "run-1", "t1", attempt("k1"));
     let code = |r: Result<LedgerEvent, Rejection>| r.err().map(|e| e.code());
 
     // No approval yet: refused, nothing appended.
     let before = s.last_seq;
-    assert_eq!(code(try_gated(&mut s, attempt_k1())), Some("approval_required"));
+    assert_eq!(
+        code(try_gated(&mut s, attempt_k1())),
+        Some("approval_required")
+    );
     assert_eq!(s.last_seq, before);
     // Asked: the effect waits, and cannot be attempted or asked again meanwhile.
-    try_gated(&mut s, new(EventType::HumanReviewRequested, "run-1", "t1", review(true)))
-        .expect("ask");
+    try_gated(
+        &mut s,
+        new(EventType::HumanReviewRequested, "run-1", "t1", review(true)),
+    )
+    .expect("ask");
     assert_eq!(s.effects["k1"].status, EffectStatus::AwaitingApproval);
     assert_eq!(s.effects["k1"].attempts, 0);
-    assert_eq!(code(try_gated(&mut s, attempt_k1())), Some("effect_unresolved"));
     assert_eq!(
-        code(try_gated(&mut s, new(EventType::HumanReviewRequested, "run-1", "t1", review(true)))),
+        code(try_gated(&mut s, attempt_k1())),
+        Some("effect_unresolved")
+    );
+    assert_eq!(
+        code(try_gated(
+            &mut s,
+            new(EventType::HumanReviewRequested, "run-1", "t1", review(true))
+        )),
         Some("conflict")
     );
     // An outcome decision is not an approval.
     assert_eq!(
-        code(try_gated(&mut s, new(EventType::HumanReviewResolved, "run-1", "t1", decide("confirmed")))),
+        code(try_gated(
+            &mut s,
+            new(
+                EventType::HumanReviewResolved,
+                "run-1",
+                "t1",
+                decide("confirmed")
+            )
+        )),
         Some("conflict")
     );
     // A run cannot claim success past an approval nobody gave.
     assert_eq!(
         code(try_gated(
             &mut s,
-            new(EventType::RunCompleted, "run-1", "t1", json!({"outcome": "resolved"}))
+            new(
+                EventType::RunCompleted,
+                "run-1",
+                "t1",
+                json!({"outcome": "resolved"})
+            )
         )),
         Some("effect_unresolved")
     );
     // Rejected: refused by a person; asking again is allowed.
-    try_gated(&mut s, new(EventType::HumanReviewResolved, "run-1", "t1", decide("rejected")))
-        .expect("reject");
+    try_gated(
+        &mut s,
+        new(
+            EventType::HumanReviewResolved,
+            "run-1",
+            "t1",
+            decide("rejected"),
+        ),
+    )
+    .expect("reject");
     assert_eq!(s.effects["k1"].status, EffectStatus::Refused);
-    assert_eq!(code(try_gated(&mut s, attempt_k1())), Some("approval_required"));
-    try_gated(&mut s, new(EventType::HumanReviewRequested, "run-1", "t1", review(true)))
-        .expect("ask again");
-    try_gated(&mut s, new(EventType::HumanReviewResolved, "run-1", "t1", decide("approved")))
-        .expect("approve");
+    assert_eq!(
+        code(try_gated(&mut s, attempt_k1())),
+        Some("approval_required")
+    );
+    try_gated(
+        &mut s,
+        new(EventType::HumanReviewRequested, "run-1", "t1", review(true)),
+    )
+    .expect("ask again");
+    try_gated(
+        &mut s,
+        new(
+            EventType::HumanReviewResolved,
+            "run-1",
+            "t1",
+            decide("approved"),
+        ),
+    )
+    .expect("approve");
     assert_eq!(s.effects["k1"].status, EffectStatus::Approved);
     assert_eq!(s.effects["k1"].via, Some(Via::Human));
     // The approval admits one attempt, and the attempt consumes it.
@@ -450,17 +495,32 @@ fn a_tool_without_defence_is_attempted_only_after_each_approval() {
     assert_eq!(s.effects["k1"].attempts, 1);
     try_gated(
         &mut s,
-        new(EventType::EffectOutcomeObserved, "run-1", "t1", outcome("k1", "refused", "direct")),
+        new(
+            EventType::EffectOutcomeObserved,
+            "run-1",
+            "t1",
+            outcome("k1", "refused", "direct"),
+        ),
     )
     .expect("refused by the provider");
-    assert_eq!(code(try_gated(&mut s, attempt_k1())), Some("approval_required"));
+    assert_eq!(
+        code(try_gated(&mut s, attempt_k1())),
+        Some("approval_required")
+    );
     // A tool with a defence is never gated, and an approval request needs its tool.
-    push(&mut s, new(EventType::EffectAttempted, "run-1", "t1", attempt("k2")));
+    push(
+        &mut s,
+        new(EventType::EffectAttempted, "run-1", "t1", attempt("k2")),
+    );
     assert_eq!(
         code(try_gated(
             &mut s,
-            new(EventType::HumanReviewRequested, "run-1", "t1",
-                json!({"idempotency_key": "k3", "reason": "r", "approval": true}))
+            new(
+                EventType::HumanReviewRequested,
+                "run-1",
+                "t1",
+                json!({"idempotency_key": "k3", "reason": "r", "approval": true})
+            )
         )),
         Some("invalid")
     );
