@@ -22,7 +22,7 @@ use super::{
     auth::{BindingVerb, Caller},
     dto::Harness,
     error::{ApiError, ErrorCode},
-    extract::WorkerFence,
+    extract::{Authenticated, BindingPath, Codec, SubjectHeader, WorkerFence},
 };
 use crate::{
     domain::{
@@ -224,6 +224,89 @@ pub async fn worker_access(
     .await
 }
 
+/// Every worker call on `/v1/bindings/{binding_id}/...` (state, objects, streams, the
+/// run ledger) starts here: the caller authenticated, confined to the binding in the
+/// path (a sandbox worker to its own; a control-plane caller by RBAC and
+/// `Harness-Subject`), the verb by method (`GET`: get, else update), and the fenced
+/// scope from `Harness-Epoch`, `Harness-Lease-Generation` and `Harness-Codec`, checked
+/// against a worker's own lease ([`check_worker_fence`]). The store's fence check then
+/// decides in the same atomic step as the operation.
+pub struct WorkerAccess {
+    pub caller: Caller,
+    pub record: BindingRecord,
+    pub scope: StateScope,
+}
+
+impl WorkerAccess {
+    /// The caller is the binding's sandbox worker (not a control-plane service).
+    pub fn sandbox_worker(&self) -> bool {
+        matches!(self.caller, Caller::Worker(_))
+    }
+}
+
+impl axum::extract::FromRequestParts<AppState> for WorkerAccess {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, ApiError> {
+        let Authenticated(caller) = Authenticated::from_request_parts(parts, state).await?;
+        let BindingPath(id) = BindingPath::from_request_parts(parts, state).await?;
+        let fence = WorkerFence::from_request_parts(parts, state).await?;
+        let Codec(codec) = Codec::from_request_parts(parts, state).await?;
+        let SubjectHeader(named) = SubjectHeader::from_request_parts(parts, state).await?;
+        let verb = if parts.method == axum::http::Method::GET {
+            BindingVerb::Get
+        } else {
+            BindingVerb::Update
+        };
+        let (record, scope) =
+            worker_access(state, &caller, &id, verb, named, &fence, codec).await?;
+        Ok(WorkerAccess {
+            caller,
+            record,
+            scope,
+        })
+    }
+}
+
+/// A sandbox worker presents exactly the epoch and lease generation its credentials
+/// carry: `stale_epoch` / `stale_lease` otherwise (with the presented and current
+/// values). Control-plane callers are fenced by the store alone.
+pub fn check_worker_fence(
+    caller: &Caller,
+    epoch: u64,
+    lease_generation: u64,
+) -> Result<(), ApiError> {
+    let Caller::Worker(worker) = caller else {
+        return Ok(());
+    };
+    if epoch != worker.epoch {
+        return Err(ApiError::new(
+            ErrorCode::StaleEpoch,
+            format!(
+                "epoch {epoch} is not the epoch {} of this worker's lease",
+                worker.epoch
+            ),
+        )
+        .with_details(serde_json::json!({"presented": epoch, "current": worker.epoch})));
+    }
+    if lease_generation != worker.lease_generation {
+        return Err(ApiError::new(
+            ErrorCode::StaleLease,
+            format!(
+                "lease generation {lease_generation} is not the generation {} this worker's sandbox holds",
+                worker.lease_generation
+            ),
+        )
+        .with_details(
+            serde_json::json!({"presented": lease_generation, "current": worker.lease_generation}),
+        ));
+    }
+    Ok(())
+}
+
 /// The `authz.agent` span of a decision on binding `id` (a keyed digest: allowed).
 fn authz_span(id: &BindingId) -> tracing::Span {
     let span = spans::step(Step::AuthzAgent);
@@ -309,25 +392,7 @@ pub fn worker_scope(
     fence: &WorkerFence,
     codec: Option<String>,
 ) -> Result<StateScope, ApiError> {
-    if let Caller::Worker(worker) = caller {
-        if fence.epoch != worker.epoch {
-            return Err(ApiError::new(
-                ErrorCode::StaleEpoch,
-                format!(
-                    "epoch {} is not the epoch {} of this worker's lease",
-                    fence.epoch, worker.epoch
-                ),
-            )
-            .with_details(serde_json::json!({"presented": fence.epoch, "current": worker.epoch})));
-        }
-        if fence.lease_generation != worker.lease_generation {
-            return Err(ApiError::new(
-                ErrorCode::StaleLease,
-                format!("lease generation {} is not the generation {} this worker's sandbox holds", fence.lease_generation, worker.lease_generation),
-            )
-            .with_details(serde_json::json!({"presented": fence.lease_generation, "current": worker.lease_generation})));
-        }
-    }
+    check_worker_fence(caller, fence.epoch, fence.lease_generation)?;
     Ok(StateScope {
         binding_id: record.binding_id.clone(),
         environment: state.keyring().environment().to_owned(),

@@ -149,7 +149,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     }
 }
 
-fn parse_u64_header(
+pub(super) fn parse_u64_header(
     headers: &HeaderMap,
     name: &str,
     display: &str,

@@ -2,7 +2,7 @@
 //! `/v1/bindings/{binding_id}/runs/...`. See docs/ledger.md.
 //!
 //! Every route is a worker call, with the access rules of the state routes: the
-//! [`LedgerWorker`] extractor authenticates, confines the caller to its binding and
+//! [`WorkerAccess`] extractor (shared with them) authenticates, confines the caller to its binding and
 //! derives the fenced scope from `Harness-Epoch` and `Harness-Lease-Generation`; the
 //! store's fence decides in the same atomic step as the append. The rules of an append
 //! (vocabulary, payload bound and forbidden fields, effect rules, budgets, expected last
@@ -14,11 +14,7 @@ use std::{
     sync::{Arc, RwLock},
 };
 
-use axum::{
-    Json,
-    extract::{FromRequestParts, State},
-    http::{Method, StatusCode, request::Parts},
-};
+use axum::{Json, extract::State, http::StatusCode};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -31,13 +27,10 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::{
     AppState,
-    auth::BindingVerb,
-    authz,
+    authz::WorkerAccess,
     dto::json_object,
     error::{ApiError, ErrorCode},
-    extract::{
-        ApiJson, ApiQuery, Authenticated, BindingPath, IdempotencyKey, SubjectHeader, WorkerFence,
-    },
+    extract::{ApiJson, ApiQuery, IdempotencyKey},
     middleware::traced,
 };
 use crate::{
@@ -50,7 +43,7 @@ use crate::{
             RunStatus, TurnUsage, Versions, Via,
         },
         memory::scan::redact,
-        state::{BindingRecord, StateScope, check_key},
+        state::check_key,
     },
     store::ledger::{LedgerAppend, LedgerSnapshot},
     telemetry::spans::{self, Step, keys},
@@ -343,39 +336,6 @@ impl LedgerMetrics {
 
 // ---------------------------------------------------------------------------------------
 // Worker access.
-
-/// A worker call on a binding's ledger: the caller authenticated, confined to the
-/// binding of the path, and the scope fenced by the presented epoch and lease
-/// generation, as the state routes do (`GET` reads, anything else updates).
-pub struct LedgerWorker {
-    pub record: BindingRecord,
-    pub scope: StateScope,
-    /// The caller is the binding's sandbox worker (not a control-plane service).
-    pub sandbox_worker: bool,
-}
-
-impl FromRequestParts<AppState> for LedgerWorker {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let Authenticated(caller) = Authenticated::from_request_parts(parts, state).await?;
-        let BindingPath(id) = BindingPath::from_request_parts(parts, state).await?;
-        let fence = WorkerFence::from_request_parts(parts, state).await?;
-        let SubjectHeader(named) = SubjectHeader::from_request_parts(parts, state).await?;
-        let verb = if parts.method == Method::GET {
-            BindingVerb::Get
-        } else {
-            BindingVerb::Update
-        };
-        let (record, scope) =
-            authz::worker_access(state, &caller, &id, verb, named, &fence, None).await?;
-        Ok(LedgerWorker {
-            record,
-            scope,
-            sandbox_worker: matches!(caller, super::auth::Caller::Worker(_)),
-        })
-    }
-}
 
 fn span(step: Step, operation: &'static str, binding: &BindingId) -> tracing::Span {
     let span = spans::operation(step, operation);
@@ -1077,15 +1037,12 @@ fn redact_args(payload: &mut Value) {
     ))]
 async fn append_event(
     State(state): State<AppState>,
-    worker: LedgerWorker,
+    worker: WorkerAccess,
     IdempotencyKey(key): IdempotencyKey,
     ApiJson(body): ApiJson<AppendEventBody>,
 ) -> Result<(StatusCode, Json<EventAppended>), ApiError> {
-    let LedgerWorker {
-        record,
-        scope,
-        sandbox_worker,
-    } = worker;
+    let sandbox_worker = worker.sandbox_worker();
+    let WorkerAccess { record, scope, .. } = worker;
     let event_type = EventType::from(body.event_type);
     if sandbox_worker && event_type == EventType::HumanReviewResolved {
         // A person's decision (an outcome or an approval) is relayed by a control-plane
@@ -1202,7 +1159,7 @@ fn next_after(events: &[LedgerEvent], limit: usize) -> Option<u64> {
     responses((status = 200, description = "A page of events", body = EventPage)))]
 async fn list_events(
     State(state): State<AppState>,
-    worker: LedgerWorker,
+    worker: WorkerAccess,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
     let limit = page_limit(&state, q.limit)?;
@@ -1232,7 +1189,7 @@ async fn list_events(
     responses((status = 200, description = "The run", body = RunRead)))]
 async fn read_run(
     State(state): State<AppState>,
-    worker: LedgerWorker,
+    worker: WorkerAccess,
     ApiQuery(q): ApiQuery<RunQuery>,
 ) -> Result<Json<RunRead>, ApiError> {
     let limit = page_limit(&state, q.limit)?;
@@ -1298,7 +1255,7 @@ async fn read_run(
     responses((status = 200, description = "The effect", body = EffectView)))]
 async fn read_effect(
     State(state): State<AppState>,
-    worker: LedgerWorker,
+    worker: WorkerAccess,
     ApiQuery(q): ApiQuery<EffectQuery>,
 ) -> Result<Json<EffectView>, ApiError> {
     check_key("key", &q.key, 1024).map_err(ApiError::from)?;
@@ -1322,7 +1279,7 @@ async fn read_effect(
     responses((status = 200, description = "The snapshot", body = SnapshotView)))]
 async fn take_snapshot(
     State(state): State<AppState>,
-    worker: LedgerWorker,
+    worker: WorkerAccess,
     _key: IdempotencyKey,
 ) -> Result<Json<SnapshotView>, ApiError> {
     let span = span(
@@ -1340,7 +1297,7 @@ async fn take_snapshot(
     responses((status = 200, description = "The latest snapshot", body = SnapshotResponse)))]
 async fn read_snapshot(
     State(state): State<AppState>,
-    worker: LedgerWorker,
+    worker: WorkerAccess,
 ) -> Result<Json<SnapshotResponse>, ApiError> {
     let span = span(
         Step::ThreadStateLoad,

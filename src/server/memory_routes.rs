@@ -25,6 +25,7 @@ use super::{
     error::{ApiError, ErrorCode},
     extract::{
         ApiJson, ApiQuery, Authenticated, EPOCH, IdempotencyKey, LEASE_GENERATION, SubjectHeader,
+        parse_u64_header,
     },
     middleware::traced,
 };
@@ -435,17 +436,6 @@ pub struct MemoryCallHeaders {
     lease_generation: Option<u64>,
 }
 
-fn header_u64(parts: &Parts, name: &str) -> Result<Option<u64>, ApiError> {
-    super::extract::single_header(&parts.headers, name)?
-        .map(|v| {
-            v.to_str()
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| ApiError::invalid(format!("{name} must be a non-negative integer")))
-        })
-        .transpose()
-}
-
 impl<S: Send + Sync> FromRequestParts<S> for MemoryCallHeaders {
     type Rejection = ApiError;
 
@@ -459,8 +449,12 @@ impl<S: Send + Sync> FromRequestParts<S> for MemoryCallHeaders {
             .transpose()?;
         Ok(MemoryCallHeaders {
             binding,
-            epoch: header_u64(parts, EPOCH)?,
-            lease_generation: header_u64(parts, LEASE_GENERATION)?,
+            epoch: parse_u64_header(&parts.headers, EPOCH, "Harness-Epoch")?,
+            lease_generation: parse_u64_header(
+                &parts.headers,
+                LEASE_GENERATION,
+                "Harness-Lease-Generation",
+            )?,
         })
     }
 }
@@ -527,32 +521,13 @@ async fn resolve(
         }
     };
     let binding = authz::binding(state, &caller, &id, verb, named).await?;
-    if let Caller::Worker(w) = &caller
-        && verb == BindingVerb::Update
-    {
+    if matches!(caller, Caller::Worker(_)) && verb == BindingVerb::Update {
         let (Some(epoch), Some(generation)) = (headers.epoch, headers.lease_generation) else {
             return Err(ApiError::invalid(
                 "worker writes carry Harness-Epoch and Harness-Lease-Generation",
             ));
         };
-        if epoch != w.epoch {
-            return Err(ApiError::new(
-                ErrorCode::StaleEpoch,
-                format!(
-                    "epoch {epoch} is not the epoch {} of this worker's lease",
-                    w.epoch
-                ),
-            ));
-        }
-        if generation != w.lease_generation {
-            return Err(ApiError::new(
-                ErrorCode::StaleLease,
-                format!(
-                    "lease generation {generation} is not the generation {} this worker's sandbox holds",
-                    w.lease_generation
-                ),
-            ));
-        }
+        authz::check_worker_fence(&caller, epoch, generation)?;
     }
     let policies = state.memory_policies().snapshot();
     let policy = match state.binding_scopes() {

@@ -13,12 +13,12 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::{
     AppState,
     auth::BindingVerb,
-    authz,
+    authz::{self, WorkerAccess},
     dto::*,
     error::ApiError,
     extract::{
-        ApiJson, ApiQuery, Authenticated, BindingPath, Codec, IdempotencyKey, OpaqueBody,
-        OptionalEpoch, PutPrecondition, StateIdPath, SubjectHeader, WorkerFence,
+        ApiJson, ApiQuery, Authenticated, BindingPath, IdempotencyKey, OpaqueBody, OptionalEpoch,
+        PutPrecondition, StateIdPath, SubjectHeader,
     },
     middleware::traced,
 };
@@ -279,14 +279,9 @@ async fn get_binding(
     responses((status = 200, description = "The head, or null before the first commit", body = HeadResponse)))]
 async fn load_head(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
-    fence: WorkerFence,
-    Codec(codec): Codec,
-    SubjectHeader(named): SubjectHeader,
+    access: WorkerAccess,
 ) -> Result<Json<HeadResponse>, ApiError> {
-    let (record, scope) =
-        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, codec).await?;
+    let WorkerAccess { record, scope, .. } = access;
     let span = step_span(Step::ThreadStateLoad, "state.head", &record.binding_id);
     let head = traced(span.clone(), state.store().load_head(&scope)).await?;
     if let Some(head) = &head {
@@ -304,15 +299,10 @@ async fn load_head(
     responses((status = 200, description = "The opaque body", content_type = "application/octet-stream", body = OpaqueBytes)))]
 async fn read_state(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     StateIdPath(state_id): StateIdPath,
-    fence: WorkerFence,
-    Codec(codec): Codec,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Response, ApiError> {
-    let (record, scope) =
-        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, codec).await?;
+    let WorkerAccess { record, scope, .. } = access;
     let span = step_span(Step::ThreadStateLoad, "state.read", &record.binding_id);
     let body = traced(span.clone(), async {
         state
@@ -337,24 +327,11 @@ async fn read_state(
 #[allow(clippy::too_many_arguments)]
 async fn write_pending(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     IdempotencyKey(key): IdempotencyKey,
-    fence: WorkerFence,
-    Codec(codec): Codec,
-    SubjectHeader(named): SubjectHeader,
     OpaqueBody(body): OpaqueBody,
 ) -> Result<(StatusCode, Json<PendingState>), ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        codec,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     let digest = state
         .keyring()
         .idempotency_digest(&record.binding_id, "state.write", &key);
@@ -379,24 +356,11 @@ async fn write_pending(
 #[allow(clippy::too_many_arguments)]
 async fn commit(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     _key: IdempotencyKey,
-    fence: WorkerFence,
-    Codec(codec): Codec,
-    SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<CommitBody>,
 ) -> Result<Json<Head>, ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        codec,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "run_id", &body.run_id)?;
     key_rule(&state, "state_id", &body.state_id)?;
     let interrupt = match body.interrupt {
@@ -467,17 +431,12 @@ struct InlineCommitQuery {
 #[allow(clippy::too_many_arguments)]
 async fn commit_inline(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<InlineCommitQuery>,
     IdempotencyKey(key): IdempotencyKey,
-    fence: WorkerFence,
-    Codec(codec): Codec,
-    SubjectHeader(named): SubjectHeader,
     OpaqueBody(body): OpaqueBody,
 ) -> Result<Json<Head>, ApiError> {
-    let record = authz::worker_binding(&state, &caller, &id, BindingVerb::Update, named).await?;
-    let scope = authz::worker_scope(&state, &caller, &record, &fence, codec)?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "run_id", &q.run_id)?;
     if let Some(index) = &q.index_key {
         key_rule(&state, "index_key", index)?;
@@ -508,24 +467,11 @@ async fn commit_inline(
 #[allow(clippy::too_many_arguments)]
 async fn mark_uncertain(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     _key: IdempotencyKey,
-    fence: WorkerFence,
-    Codec(codec): Codec,
-    SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<UncertainBody>,
 ) -> Result<Json<UncertainRuns>, ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        codec,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "run_id", &body.run_id)?;
     if body.reason.is_empty()
         || body.reason.len() > 256
@@ -563,14 +509,10 @@ async fn mark_uncertain(
         headers(("ETag" = String, description = "Quoted object version"), ("Harness-Content-Digest" = String, description = "sha256 of the body")))))]
 async fn get_object(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<ObjectKeyQuery>,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Response, ApiError> {
-    let (record, scope) =
-        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "object key", &q.key)?;
     let span = step_span(Step::ThreadStateLoad, "object.get", &record.binding_id);
     let object = traced(span, async {
@@ -601,25 +543,13 @@ async fn get_object(
 #[allow(clippy::too_many_arguments)]
 async fn put_object(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<ObjectKeyQuery>,
     _key: IdempotencyKey,
-    fence: WorkerFence,
     PutPrecondition(mode): PutPrecondition,
-    SubjectHeader(named): SubjectHeader,
     OpaqueBody(body): OpaqueBody,
 ) -> Result<Json<Object>, ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        None,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "object key", &q.key)?;
     let span = step_span(Step::ThreadStateWrite, "object.put", &record.binding_id);
     spans::record_count(&span, keys::SIZE_BYTES, body.len() as u64);
@@ -633,14 +563,10 @@ async fn put_object(
     responses((status = 200, description = "A page of objects", body = ObjectList)))]
 async fn list_objects(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<ObjectListQuery>,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<ObjectList>, ApiError> {
-    let (record, scope) =
-        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
+    let WorkerAccess { record, scope, .. } = access;
     let limit = page_limit(&state, q.limit)?;
     if !q.prefix.is_empty() {
         key_rule(&state, "prefix", &q.prefix)?;
@@ -674,23 +600,11 @@ async fn list_objects(
     responses((status = 200, description = "How many were deleted", body = Deleted)))]
 async fn delete_objects(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<ObjectDeleteQuery>,
     _key: IdempotencyKey,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<Deleted>, ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        None,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "prefix", &q.prefix)?;
     let span = step_span(Step::ThreadStateWrite, "object.delete", &record.binding_id);
     let deleted = traced(
@@ -713,24 +627,12 @@ async fn delete_objects(
 #[allow(clippy::too_many_arguments)]
 async fn append_entries(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<StreamQuery>,
     _key: IdempotencyKey,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
     ApiJson(body): ApiJson<AppendBody>,
 ) -> Result<Json<Appended>, ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        None,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "stream name", &q.stream)?;
     let mut entries = Vec::with_capacity(body.entries.len());
     for (i, e) in body.entries.into_iter().enumerate() {
@@ -757,14 +659,10 @@ async fn append_entries(
     responses((status = 200, description = "A page of entries", body = StreamEntries)))]
 async fn load_entries(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<StreamLoadQuery>,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<StreamEntries>, ApiError> {
-    let (record, scope) =
-        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "stream name", &q.stream)?;
     let limit = page_limit(&state, q.limit)?;
     let span = step_span(Step::ThreadStateLoad, "stream.load", &record.binding_id);
@@ -785,14 +683,10 @@ async fn load_entries(
     responses((status = 200, description = "Streams", body = StreamList)))]
 async fn list_streams(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<StreamListQuery>,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<StreamList>, ApiError> {
-    let (record, scope) =
-        authz::worker_access(&state, &caller, &id, BindingVerb::Get, named, &fence, None).await?;
+    let WorkerAccess { record, scope, .. } = access;
     if !q.prefix.is_empty() {
         key_rule(&state, "prefix", &q.prefix)?;
     }
@@ -810,23 +704,11 @@ async fn list_streams(
     responses((status = 200, description = "Entries deleted", body = Deleted)))]
 async fn delete_stream(
     State(state): State<AppState>,
-    Authenticated(caller): Authenticated,
-    BindingPath(id): BindingPath,
+    access: WorkerAccess,
     ApiQuery(q): ApiQuery<StreamQuery>,
     _key: IdempotencyKey,
-    fence: WorkerFence,
-    SubjectHeader(named): SubjectHeader,
 ) -> Result<Json<Deleted>, ApiError> {
-    let (record, scope) = authz::worker_access(
-        &state,
-        &caller,
-        &id,
-        BindingVerb::Update,
-        named,
-        &fence,
-        None,
-    )
-    .await?;
+    let WorkerAccess { record, scope, .. } = access;
     key_rule(&state, "stream name", &q.stream)?;
     let span = step_span(Step::ThreadStateWrite, "stream.delete", &record.binding_id);
     let deleted = traced(span.clone(), state.store().delete_stream(&scope, &q.stream)).await?;

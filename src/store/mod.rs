@@ -20,6 +20,7 @@ use crate::domain::{
     },
 };
 
+pub mod commit;
 pub mod ledger;
 pub mod memory;
 pub mod mongo;

@@ -2,6 +2,7 @@
 //! native state, the durable head, uncertain runs, and pending interrupts
 //! (`spec/001_78d7ff78f70a2a2a.txt` §4, §6).
 
+use crate::store::commit::{CommitPlan, HeadView, next_revision, plan_commit, stamp_interrupt};
 use std::collections::BTreeMap;
 
 use futures::future::{join, try_join};
@@ -521,12 +522,7 @@ impl MongoStore {
         check_key("state id", &request.state_id, max_key)?;
         check_key("run id", &request.run_id, max_key)?;
         let expected = int("expected revision", request.expected_revision)?;
-        let next = request.expected_revision.checked_add(1).ok_or_else(|| {
-            Rejection::Invalid(format!(
-                "expected revision {} is out of range",
-                request.expected_revision
-            ))
-        })?;
+        let next = next_revision(request.expected_revision)?;
         let next_stored = int("revision", next)?;
         let terminal = match &request.terminal {
             Some(terminal) => {
@@ -546,24 +542,9 @@ impl MongoStore {
         let _serial = self.exclusive(&scope.binding_id).await;
         let now = now_ms();
         // The store stamps the interrupt: a resume must present this commit's revision.
-        let interrupt = request.interrupt.clone().map(|mut interrupt| {
-            interrupt.revision = next;
-            interrupt.created_at_ms = now;
-            interrupt
-        });
+        let interrupt = stamp_interrupt(request, next, now, max_metadata)?.map(|(i, _)| i);
         let interrupt_bson = match &interrupt {
-            Some(interrupt) => {
-                let size = serde_json::to_vec(interrupt).map_or(usize::MAX, |v| v.len());
-                if size > max_metadata {
-                    return Err(Rejection::TooLarge {
-                        what: "pending interrupt",
-                        size: count(size),
-                        limit: count(max_metadata),
-                    }
-                    .into());
-                }
-                Bson::Document(interrupt_doc(interrupt)?)
-            }
+            Some(interrupt) => Bson::Document(interrupt_doc(interrupt)?),
             None => Bson::Null,
         };
         let binding = &scope.binding_id;
@@ -668,32 +649,27 @@ impl MongoStore {
             let mut projection = head_projection();
             projection.insert(&entry, 1);
             let view = self.admitted_session(scope, projection, false).await?;
-            if view
+            let uncertain = view
                 .uncertain_runs
-                .contains_key(&uncertain_key(&request.run_id))
-            {
-                return Err(Rejection::RunUncertain {
-                    run_id: request.run_id.clone(),
-                }
-                .into());
-            }
-            let actual = view.state_ref.as_ref().map_or(0, |r| r.durable_revision);
-            let retried = view.state_ref.as_ref().is_some_and(|r| {
-                r.durable_revision == next_stored
-                    && r.durable_head.as_deref() == Some(request.state_id.as_str())
-                    && r.last_committed_run_id.as_deref() == Some(request.run_id.as_str())
-            });
-            if retried {
+                .contains_key(&uncertain_key(&request.run_id));
+            let head = HeadView {
+                revision: uint(
+                    "revision",
+                    view.state_ref.as_ref().map_or(0, |r| r.durable_revision),
+                )?,
+                state_id: view
+                    .state_ref
+                    .as_ref()
+                    .and_then(|r| r.durable_head.as_deref()),
+                run_id: view
+                    .state_ref
+                    .as_ref()
+                    .and_then(|r| r.last_committed_run_id.as_deref()),
+            };
+            if plan_commit(head, request, uncertain)? == CommitPlan::Retry {
                 // A retry of the commit that produced this head (its response was lost).
                 return head_of(scope, view)?
                     .ok_or_else(|| corrupt("durable head", "revision above 0 without a head"));
-            }
-            if actual != expected {
-                return Err(Rejection::RevisionConflict {
-                    expected: request.expected_revision,
-                    actual: uint("revision", actual)?,
-                }
-                .into());
             }
             if !view.pending.contains_key(&request.state_id) {
                 // Committed before (a head of its own), or being swept by retention.

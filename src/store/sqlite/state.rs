@@ -16,7 +16,10 @@ use crate::{
             Rejection, ResumeOutcome, ResumeRequest, RunTerminal, UncertainRun, pending_state_id,
         },
     },
-    store::Result,
+    store::{
+        Result,
+        commit::{CommitPlan, HeadView, plan_commit, stamp_interrupt},
+    },
 };
 
 /// A pending write, prepared (hashed, bounded) outside the writer.
@@ -304,17 +307,6 @@ pub(super) fn commit_head(
     let epoch = admit(conn, scope)?;
     let id = scope.id();
     let request = &commit.request;
-    let uncertain = conn
-        .prepare_cached("SELECT 1 FROM harness_uncertain_runs WHERE binding_id = ?1 AND epoch = ?2 AND run_id = ?3")
-        .ctx("preparing the uncertain-run check")?
-        .exists(params![id, epoch, request.run_id])
-        .ctx("checking for an uncertain run")?;
-    if uncertain {
-        return Err(Rejection::RunUncertain {
-            run_id: request.run_id.clone(),
-        }
-        .into());
-    }
     // Only state of this binding and epoch can become its head: state of a cleared
     // epoch never can (`spec/000_fa938a4e6ac75730.txt`: "old state cannot become the new
     // epoch's head").
@@ -327,52 +319,32 @@ pub(super) fn commit_head(
         .ok_or_else(|| Rejection::NotFound(format!("state {} in epoch {}", request.state_id, scope.epoch)))?;
     check_codec(scope, &codec)?;
 
+    let uncertain = conn
+        .prepare_cached("SELECT 1 FROM harness_uncertain_runs WHERE binding_id = ?1 AND epoch = ?2 AND run_id = ?3")
+        .ctx("preparing the uncertain-run check")?
+        .exists(params![id, epoch, request.run_id])
+        .ctx("checking for an uncertain run")?;
     let head = read_head_row(conn, id)?;
-    let next = request.expected_revision.checked_add(1).ok_or_else(|| {
-        Rejection::Invalid(format!(
-            "expected revision {} is out of range",
-            request.expected_revision
-        ))
-    })?;
-    if head.revision == next
-        && head.state_id.as_deref() == Some(&request.state_id)
-        && head.run_id.as_deref() == Some(&request.run_id)
-    {
-        // A retry of the commit that produced this head.
-        let runs = uncertain_runs(conn, id, epoch)?;
-        return head_from_row(scope, head, runs)?
-            .ok_or_else(|| corrupt("durable head", "revision above 0 without a head"));
-    }
-    if head.revision != request.expected_revision {
-        return Err(Rejection::RevisionConflict {
-            expected: request.expected_revision,
-            actual: head.revision,
-        }
-        .into());
-    }
-
-    // The store stamps the interrupt: a resume must present this commit's revision.
-    let interrupt = request.interrupt.clone().map(|mut interrupt| {
-        interrupt.revision = next;
-        interrupt.created_at_ms = now;
-        interrupt
-    });
-    let interrupt_json = match &interrupt {
-        Some(interrupt) => {
-            let json = serde_json::to_string(interrupt)
-                .map_err(|e| Rejection::Invalid(format!("pending interrupt: {e}")))?;
-            if json.len() > commit.max_interrupt_bytes {
-                return Err(Rejection::TooLarge {
-                    what: "pending interrupt",
-                    size: super::count(json.len()),
-                    limit: super::count(commit.max_interrupt_bytes),
-                }
-                .into());
-            }
-            Some(json)
-        }
-        None => None,
+    let view = HeadView {
+        revision: head.revision,
+        state_id: head.state_id.as_deref(),
+        run_id: head.run_id.as_deref(),
     };
+    let next = match plan_commit(view, request, uncertain)? {
+        CommitPlan::Retry => {
+            // A retry of the commit that produced this head (its reply was lost).
+            let runs = uncertain_runs(conn, id, epoch)?;
+            return head_from_row(scope, head, runs)?
+                .ok_or_else(|| corrupt("durable head", "revision above 0 without a head"));
+        }
+        CommitPlan::Commit { next } => next,
+    };
+    // The store stamps the interrupt: a resume must present this commit's revision.
+    let (interrupt, interrupt_json) =
+        match stamp_interrupt(request, next, now, commit.max_interrupt_bytes)? {
+            Some((interrupt, json)) => (Some(interrupt), Some(json)),
+            None => (None, None),
+        };
     let updated = conn
         .prepare_cached(
             "UPDATE harness_sessions SET durable_revision = ?2, head_state_id = ?3, head_codec = ?4, head_digest = ?5, \
