@@ -1676,7 +1676,7 @@ macro_rules! conformance_tests {
         );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 25, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 26, "add new cases to conformance_tests!");
         }
     };
     (@ledger $open:expr, $close:expr; $($case:ident),+) => {
