@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{ScopeKey, SqlContext, admit, corrupt, get_u64, sql_int, touch};
 use crate::{
-    domain::ledger::{AppendRequest, LedgerEvent, LedgerState},
+    domain::ledger::{AppendPlan, AppendRequest, LedgerEvent, LedgerState},
     store::{
         Result,
         ledger::{Decision, LedgerAppend, LedgerSnapshot, decode, plan},
@@ -50,6 +50,73 @@ CREATE TABLE harness_ledger_snapshots (
 ) STRICT;
 ";
 
+/// Decoded ledger heads the writer keeps between appends, so an append does not parse
+/// the head it wrote a moment ago. An entry is used only while the stored head still has
+/// the sequence and time it was cached with: a group commit that rolled back, a clear or
+/// a deleted binding leaves the stored head different, and the head is read again.
+#[derive(Default)]
+pub(super) struct HeadCache {
+    heads: std::sync::Mutex<std::collections::HashMap<(String, i64), CachedHead>>,
+}
+
+struct CachedHead {
+    last_seq: i64,
+    updated_at_ms: i64,
+    state: LedgerState,
+}
+
+/// Entries kept at most; past it the cache starts again (the heads stay in the table).
+const HEAD_CACHE_ENTRIES: usize = 4096;
+
+impl HeadCache {
+    fn take(&self, id: &str, epoch: i64, last_seq: i64, updated_at_ms: i64) -> Option<LedgerState> {
+        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = heads.remove(&(id.to_owned(), epoch))?;
+        (cached.last_seq == last_seq && cached.updated_at_ms == updated_at_ms)
+            .then_some(cached.state)
+    }
+
+    fn put(&self, id: &str, epoch: i64, last_seq: i64, updated_at_ms: i64, state: LedgerState) {
+        let mut heads = self.heads.lock().unwrap_or_else(|p| p.into_inner());
+        if heads.len() >= HEAD_CACHE_ENTRIES {
+            heads.clear();
+        }
+        heads.insert(
+            (id.to_owned(), epoch),
+            CachedHead {
+                last_seq,
+                updated_at_ms,
+                state,
+            },
+        );
+    }
+}
+
+/// The head for an append: the cached one when the stored head is still the one it
+/// was cached as, else the stored one decoded.
+fn head_for_append(
+    conn: &Connection,
+    cache: &HeadCache,
+    id: &str,
+    epoch: i64,
+) -> Result<LedgerState> {
+    let stamp: Option<(i64, i64)> = conn
+        .prepare_cached(
+            "SELECT last_seq, updated_at_ms FROM harness_ledger_heads WHERE binding_id = ?1 AND epoch = ?2",
+        )
+        .ctx("preparing the ledger head stamp read")?
+        .query_row(params![id, epoch], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .ctx("reading the ledger head stamp")?;
+    match stamp {
+        None => Ok(LedgerState::default()),
+        Some((seq, at)) => match cache.take(id, epoch, seq, at) {
+            Some(state) => Ok(state),
+            None => head(conn, id, epoch),
+        },
+    }
+}
+
 fn head(conn: &Connection, id: &str, epoch: i64) -> Result<LedgerState> {
     let json: Option<String> = conn
         .prepare_cached(
@@ -71,6 +138,7 @@ fn event_of(json: &str) -> Result<LedgerEvent> {
 
 pub(super) fn append(
     conn: &Connection,
+    cache: &HeadCache,
     scope: &ScopeKey,
     request: &AppendRequest,
     now: i64,
@@ -91,7 +159,7 @@ pub(super) fn append(
             .map(|json| event_of(&json))
             .transpose()?,
     };
-    let state = head(conn, id, epoch)?;
+    let state = head_for_append(conn, cache, id, epoch)?;
     match plan(&state, original, request, id, scope.epoch, now)? {
         Decision::Replay(event) => Ok(LedgerAppend {
             event: *event,
@@ -99,11 +167,16 @@ pub(super) fn append(
             signals: Default::default(),
         }),
         Decision::Append(planned) => {
+            let AppendPlan {
+                event,
+                state,
+                signals,
+            } = *planned;
             let event_json =
-                serde_json::to_string(&planned.event).map_err(|e| corrupt("ledger event", e))?;
+                serde_json::to_string(&event).map_err(|e| corrupt("ledger event", e))?;
             let state_json =
-                serde_json::to_string(&planned.state).map_err(|e| corrupt("ledger head", e))?;
-            let seq = sql_int("sequence", planned.event.seq)?;
+                serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
+            let seq = sql_int("sequence", event.seq)?;
             conn.prepare_cached(
                 "INSERT INTO harness_ledger_events \
                  (binding_id, epoch, seq, run_id, idempotency_digest, event_json) \
@@ -114,7 +187,7 @@ pub(super) fn append(
                 id,
                 epoch,
                 seq,
-                planned.event.run_id,
+                event.run_id,
                 request.idempotency,
                 event_json
             ])
@@ -130,10 +203,11 @@ pub(super) fn append(
             .execute(params![id, epoch, seq, now, state_json])
             .ctx("writing the ledger head")?;
             touch(conn, id, now)?;
+            cache.put(id, epoch, seq, now, state);
             Ok(LedgerAppend {
-                event: planned.event,
+                event,
                 replayed: false,
-                signals: planned.signals,
+                signals,
             })
         }
     }

@@ -230,6 +230,7 @@ pub struct SqliteStore {
     // last one and its close checkpoints and removes the WAL.
     readers: Arc<ReaderPool>,
     writer: Writer,
+    ledger_heads: Arc<ledger::HeadCache>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -254,6 +255,7 @@ impl SqliteStore {
             limits,
             readers: ReaderPool::new(read_conns),
             writer,
+            ledger_heads: Arc::default(),
         })
     }
 
@@ -413,8 +415,9 @@ impl crate::store::ledger::LedgerStore for SqliteStore {
         crate::store::ledger::check(request, self.limits.max_key_bytes)?;
         let scope = self.scoped_write(scope)?;
         let request = request.clone();
+        let heads = self.ledger_heads.clone();
         self.writer
-            .run(move |conn| ledger::append(conn, &scope, &request, now_ms()))
+            .run(move |conn| ledger::append(conn, &heads, &scope, &request, now_ms()))
             .await
     }
 
