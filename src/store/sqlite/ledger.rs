@@ -1,6 +1,8 @@
 //! The run ledger on SQLite: one writer transaction per append checks the fence, looks up
-//! the idempotency digest, decides against the stored head and writes the event and the
-//! new head (see [`crate::store::ledger`]).
+//! the idempotency digest, decides against the folded head and writes the event and moves
+//! the head (see [`crate::store::ledger`]). The head's folded state is checkpointed every
+//! [`HEAD_CHECKPOINT_EVERY`] appends; a read folds the events after the checkpoint, and
+//! the writer keeps decoded heads between appends ([`HeadCache`]).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -117,19 +119,60 @@ fn head_for_append(
     }
 }
 
+/// The head's folded state is written every this many appends (and on the first):
+/// `state_json` holds the state at its own `last_seq`, and a reader folds the few
+/// events after it. The row's `last_seq` moves with every append.
+const HEAD_CHECKPOINT_EVERY: u64 = 32;
+
+/// The folded state after the last event: the stored checkpoint and the events after
+/// it, in the same read.
 fn head(conn: &Connection, id: &str, epoch: i64) -> Result<LedgerState> {
-    let json: Option<String> = conn
+    let row: Option<(u64, String)> = conn
         .prepare_cached(
-            "SELECT state_json FROM harness_ledger_heads WHERE binding_id = ?1 AND epoch = ?2",
+            "SELECT last_seq, state_json FROM harness_ledger_heads WHERE binding_id = ?1 AND epoch = ?2",
         )
         .ctx("preparing the ledger head read")?
-        .query_row(params![id, epoch], |r| r.get(0))
+        .query_row(params![id, epoch], |r| Ok((get_u64(r, 0)?, r.get(1)?)))
         .optional()
         .ctx("reading the ledger head")?;
-    match json {
-        None => Ok(LedgerState::default()),
-        Some(json) => decode("ledger head", &json).map_err(|e| corrupt("ledger head", e)),
+    let Some((last_seq, json)) = row else {
+        return Ok(LedgerState::default());
+    };
+    let mut state: LedgerState =
+        decode("ledger head", &json).map_err(|e| corrupt("ledger head", e))?;
+    if state.last_seq < last_seq {
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT event_json FROM harness_ledger_events \
+                 WHERE binding_id = ?1 AND epoch = ?2 AND seq > ?3 AND seq <= ?4 ORDER BY seq",
+            )
+            .ctx("preparing the ledger tail read")?;
+        let rows = statement
+            .query_map(
+                params![
+                    id,
+                    epoch,
+                    sql_int("sequence", state.last_seq)?,
+                    sql_int("sequence", last_seq)?
+                ],
+                |r| r.get::<_, String>(0),
+            )
+            .ctx("reading the ledger tail")?;
+        for json in rows {
+            let event = event_of(&json.ctx("reading a ledger tail event")?)?;
+            state.apply(&event);
+        }
     }
+    if state.last_seq != last_seq {
+        return Err(corrupt(
+            "ledger head",
+            format!(
+                "folded to sequence {} but the head is at {last_seq}",
+                state.last_seq
+            ),
+        ));
+    }
+    Ok(state)
 }
 
 fn event_of(json: &str) -> Result<LedgerEvent> {
@@ -174,8 +217,6 @@ pub(super) fn append(
             } = *planned;
             let event_json =
                 serde_json::to_string(&event).map_err(|e| corrupt("ledger event", e))?;
-            let state_json =
-                serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
             let seq = sql_int("sequence", event.seq)?;
             conn.prepare_cached(
                 "INSERT INTO harness_ledger_events \
@@ -192,16 +233,33 @@ pub(super) fn append(
                 event_json
             ])
             .ctx("appending the ledger event")?;
-            conn.prepare_cached(
-                "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) \
-                 ON CONFLICT (binding_id, epoch) DO UPDATE SET \
-                 last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
-                 state_json = excluded.state_json",
-            )
-            .ctx("preparing the ledger head write")?
-            .execute(params![id, epoch, seq, now, state_json])
-            .ctx("writing the ledger head")?;
+            // Between checkpoints only the head's sequence and time move (the event is
+            // already stored; a reader folds it onto the last checkpoint).
+            let moved = if event.seq == 1 || event.seq % HEAD_CHECKPOINT_EVERY == 0 {
+                0
+            } else {
+                conn.prepare_cached(
+                    "UPDATE harness_ledger_heads SET last_seq = ?3, updated_at_ms = ?4 \
+                     WHERE binding_id = ?1 AND epoch = ?2 AND last_seq = ?3 - 1",
+                )
+                .ctx("preparing the ledger head move")?
+                .execute(params![id, epoch, seq, now])
+                .ctx("moving the ledger head")?
+            };
+            if moved == 0 {
+                let state_json =
+                    serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
+                conn.prepare_cached(
+                    "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (binding_id, epoch) DO UPDATE SET \
+                     last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
+                     state_json = excluded.state_json",
+                )
+                .ctx("preparing the ledger head write")?
+                .execute(params![id, epoch, seq, now, state_json])
+                .ctx("writing the ledger head")?;
+            }
             touch(conn, id, now)?;
             cache.put(id, epoch, seq, now, state);
             Ok(LedgerAppend {
