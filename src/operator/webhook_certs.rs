@@ -298,6 +298,12 @@ pub async fn reconcile_once(
     if let Some(s) = &current {
         metrics.serving_expiry.set(s.serving.not_after - now);
         metrics.ca_expiry.set(s.ca.pem.not_after - now);
+        // This replica serves the pair before the API server is told to trust it: a
+        // caBundle written first would send admissions to a server still waiting for its
+        // files (up to one `sync_files` period), and each would time out.
+        if !pair_on_disk(&cfg.cert_dir, &s.serving) {
+            write_pair(&cfg.cert_dir, &s.serving)?;
+        }
         patch_ca_bundle(client, &cfg.webhook_configuration, &s.bundle()).await?;
     }
     Ok(step)
@@ -372,20 +378,18 @@ pub async fn sync_files(
 ) {
     let secrets: Api<Secret> = Api::namespaced(client, &cfg.namespace);
     let mut stop = std::pin::pin!(stop);
-    let mut written: Option<Pem> = None;
     loop {
         match secrets.get_opt(&cfg.secret).await {
             Ok(Some(secret)) => {
                 if let Some(stored) = read(&secret)
-                    && written.as_ref() != Some(&stored.serving)
+                    && !pair_on_disk(&cfg.cert_dir, &stored.serving)
                 {
-                    match write_pair(&cfg.cert_dir, &stored.serving) {
-                        Ok(()) => written = Some(stored.serving),
-                        Err(error) => tracing::warn!(
+                    if let Err(error) = write_pair(&cfg.cert_dir, &stored.serving) {
+                        tracing::warn!(
                             dir = %cfg.cert_dir.display(),
                             %error,
                             "webhook certificates: cannot write the serving pair"
-                        ),
+                        );
                     }
                 }
             }
@@ -401,6 +405,14 @@ pub async fn sync_files(
             () = &mut stop => return,
         }
     }
+}
+
+/// Whether `dir` already holds exactly this pair.
+fn pair_on_disk(dir: &std::path::Path, pem: &Pem) -> bool {
+    let same = |file: &str, want: &str| {
+        std::fs::read(dir.join(file)).is_ok_and(|have| have == want.as_bytes())
+    };
+    same("tls.key", &pem.key) && same("tls.crt", &pem.cert)
 }
 
 fn write_pair(dir: &std::path::Path, pem: &Pem) -> Result<(), certs::CertError> {
