@@ -150,6 +150,13 @@ struct ServeArgs {
     /// `MemoryPolicy` objects (YAML, several documents per file allowed). Repeatable.
     #[arg(long = "memory-policy", value_name = "FILE")]
     memory_policies: Vec<PathBuf>,
+    /// MongoDB connection string: keep state in MongoDB instead of the embedded store
+    /// (the data directory still holds the key and the token file).
+    #[arg(long, env = "HARNESS_ENGINE_MONGODB_URI", value_name = "URI")]
+    mongodb_uri: Option<String>,
+    /// MongoDB database name.
+    #[arg(long, default_value = "harness_engine")]
+    mongodb_database: String,
     #[command(flatten)]
     budgets: BudgetArgs,
 }
@@ -411,8 +418,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry_ref = &telemetry;
     let served = runtime.block_on(async move {
         let telemetry = telemetry_ref;
-        let store = SqliteStore::open(&setup.database, limits).await.with_context(|| format!("opening {}", setup.database.display()))?;
-        let store: Arc<dyn Store> = Arc::new(store);
+        let store: Arc<dyn Store> = match &args.mongodb_uri {
+            Some(uri) => Arc::new(
+                harness_engine::store::mongo::MongoStore::connect(uri, &args.mongodb_database, limits)
+                    .await
+                    .context("connecting to MongoDB")?,
+            ),
+            None => Arc::new(
+                SqliteStore::open(&setup.database, limits)
+                    .await
+                    .with_context(|| format!("opening {}", setup.database.display()))?,
+            ),
+        };
         let api = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         let admin = tokio::net::TcpListener::bind(args.admin_listen).await.with_context(|| format!("binding {}", args.admin_listen))?;
         let api_addr = api.local_addr()?;
@@ -422,7 +439,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         writeln!(out, "harness-engine serve {}: environment {}", env!("CARGO_PKG_VERSION"), setup.keyring.environment())?;
         writeln!(out, "data directory: {}", setup.data_dir.display())?;
-        writeln!(out, "database: {}", setup.database.display())?;
+        match &args.mongodb_uri {
+            Some(_) => writeln!(out, "database: MongoDB database {}", args.mongodb_database)?,
+            None => writeln!(out, "database: {}", setup.database.display())?,
+        }
         writeln!(out, "identity key: {}{}", setup.identity_key_file.display(), created(setup.created_key))?;
         writeln!(out, "token file: {}{}", setup.tokens_file.display(), created(setup.created_token.is_some()))?;
         if let Some(token) = &setup.created_token {

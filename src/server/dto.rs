@@ -236,6 +236,9 @@ impl From<RunTerminal> for Terminal {
 pub enum InterruptKind {
     FormInput,
     ToolApproval,
+    /// A person decides an effect's outcome or approves its attempt (docs/ledger.md);
+    /// the body names the effect (`idempotency_key`).
+    EffectReview,
 }
 
 impl InterruptKind {
@@ -243,6 +246,7 @@ impl InterruptKind {
         match self {
             InterruptKind::FormInput => "form_input",
             InterruptKind::ToolApproval => "tool_approval",
+            InterruptKind::EffectReview => super::review::EFFECT_REVIEW,
         }
     }
 }

@@ -270,7 +270,7 @@ impl LedgerMetrics {
         );
     }
 
-    fn appended(&self, appended: &LedgerAppend) {
+    pub(super) fn appended(&self, appended: &LedgerAppend) {
         if appended.replayed {
             return;
         }

@@ -54,6 +54,7 @@ pub mod memory_config;
 pub mod memory_routes;
 pub mod middleware;
 pub mod openapi;
+pub mod review;
 pub mod routes;
 
 /// Request bodies may exceed the largest payload by this much (headers of a multipart

@@ -375,6 +375,9 @@ async fn commit(
             for d in &i.allowed_decisions {
                 key_rule(&state, "allowed decision", d)?;
             }
+            if matches!(i.kind, super::dto::InterruptKind::EffectReview) {
+                super::review::validate(&i.allowed_decisions, &i.body)?;
+            }
             Some(PendingInterrupt {
                 interrupt_id: i.interrupt_id,
                 kind: i.kind.as_str().to_owned(),
@@ -766,6 +769,19 @@ async fn resume_interrupt(
     let scope = authz::control_scope(&state, &record, epoch);
     key_rule(&state, "interrupt_id", &body.interrupt_id)?;
     key_rule(&state, "decision", &body.decision)?;
+    // An effect review's answer is also the person's decision in the run ledger,
+    // recorded before the interrupt is consumed (src/server/review.rs).
+    if let Some(pending) = state.store().pending_interrupt(&scope).await?
+        && let Some(decision) = super::review::decision_of(
+            &pending,
+            &body.interrupt_id,
+            body.revision,
+            &body.decision,
+            &body.response,
+        )
+    {
+        super::review::record_decision(&state, &scope, decision, &key).await?;
+    }
     let request = ResumeRequest {
         interrupt_id: body.interrupt_id,
         revision: body.revision,

@@ -5,6 +5,7 @@ state)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 import uuid
 from collections.abc import Iterator
@@ -22,15 +23,44 @@ from harness_engine import AsyncHarnessClient, HarnessClient  # noqa: E402
 
 @dataclass
 class External:
-    """A server someone else started (scripts/python-tests.sh)."""
+    """A server someone else started (scripts/python-tests.sh): on SQLite in
+    `data_dir`, or on MongoDB (FerretDB) when `mongodb_uri` is set."""
 
     api: str
     token: str
     data_dir: Path
+    mongodb_uri: str | None = None
+    mongodb_database: str | None = None
 
     @property
     def database(self) -> Path:
         return self.data_dir / "state.db"
+
+
+def raise_fence(server: serve_mod.Serve | External, binding_id: str, generation: int) -> None:
+    """The operator's step 2 (DESIGN §3) in serve mode, which has no operator: raise the
+    binding's store fence to a new lease generation with the one statement the store's
+    `raise_fence` runs, on whichever store the server uses."""
+    uri = getattr(server, "mongodb_uri", None)
+    if uri:
+        import pymongo
+        from bson.int64 import Int64
+
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000) as mongo:
+            sessions = mongo[server.mongodb_database]["harness_sessions"]
+            done = sessions.update_one(
+                {"_id": binding_id, "lease_generation": {"$lt": Int64(generation)}},
+                {"$set": {"lease_generation": Int64(generation)}},
+            )
+            assert done.modified_count == 1, f"fence of {binding_id} not raised to {generation}"
+        return
+    with sqlite3.connect(server.database, timeout=10) as db:
+        db.execute("PRAGMA busy_timeout = 10000")
+        cur = db.execute(
+            "UPDATE harness_sessions SET lease_generation = ? WHERE id = ? AND lease_generation < ?",
+            (generation, binding_id, generation),
+        )
+        assert cur.rowcount == 1, f"fence of {binding_id} not raised to {generation}"
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +68,13 @@ def server() -> Iterator[serve_mod.Serve | External]:
     endpoint = os.environ.get("HARNESS_ENGINE_TEST_ENDPOINT")
     if endpoint:
         token = Path(os.environ["HARNESS_ENGINE_TEST_TOKEN_FILE"]).read_text().strip()
-        yield External(endpoint, token, Path(os.environ["HARNESS_ENGINE_TEST_DATA_DIR"]))
+        yield External(
+            endpoint,
+            token,
+            Path(os.environ["HARNESS_ENGINE_TEST_DATA_DIR"]),
+            os.environ.get("HARNESS_ENGINE_TEST_MONGODB_URI") or None,
+            os.environ.get("HARNESS_ENGINE_TEST_MONGODB_DATABASE") or None,
+        )
         return
     # The conformance suites write in bursts; the default per-binding rate limit
     # (500/s) would only make them slower (the client retries 429s), so raise it.

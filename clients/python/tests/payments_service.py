@@ -6,7 +6,8 @@ the same refund). `GET /refunds/<key>` looks a refund up by key (404: never appl
 - `ok`: apply and answer;
 - `drop`: apply, then close the connection without an answer (the worker cannot tell);
 - `refuse`: answer 422 and apply nothing;
-- `blind`: like `drop`, and lookups answer 503 (the provider cannot be asked).
+- `blind`: like `drop`, and lookups answer 503 (the provider cannot be asked);
+- `lost`: close the connection without applying anything, and lookups answer 503.
 `GET /count` is how many refunds exist. Prints `port: N` once listening.
 """
 
@@ -40,7 +41,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/refunds/"):
             key = self.path[len("/refunds/") :]
             with LOCK:
-                if STATE["mode"] == "blind":
+                if STATE["mode"] in ("blind", "lost"):
                     return self._answer(503, {"error": "lookups unavailable"})
                 refund = STATE["refunds"].get(key)
             if refund is None:
@@ -64,6 +65,11 @@ class Handler(BaseHTTPRequestHandler):
             mode = STATE["mode"]
             if mode == "refuse":
                 return self._answer(422, {"error": "refund declined"})
+            if mode == "lost":
+                # Never applied, and the caller cannot tell.
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
             refund = STATE["refunds"].setdefault(
                 key,
                 {"refund_id": f"rf_{len(STATE['refunds']) + 1}", "order": body.get("order"),

@@ -4,12 +4,11 @@ checkpoint whose commit landed but whose object write did not.
 
 Serve mode has no operator, so nothing in it replaces a worker. Where a test needs a
 replacement, it does the operator's step 2 (raise the binding's fence in the store,
-DESIGN §3) with one SQL statement on the server's own database, the same statement the
-store's `raise_fence` runs; everything else goes through the HTTP API."""
+DESIGN §3) with the one statement the store's `raise_fence` runs (`conftest.raise_fence`);
+everything else goes through the HTTP API."""
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections import Counter
 
@@ -20,22 +19,12 @@ from langgraph.checkpoint.serde.types import ERROR, INTERRUPT
 from harness_engine import AsyncHarnessClient, Fence, RevisionConflict, StaleLease
 from harness_engine.langgraph import CODEC, HarnessCheckpointSaver
 from harness_engine.langgraph.checkpoint import object_key
+from conftest import raise_fence
 from graphs import build
 
 
 def _saver(client, binding, fence: Fence | None = None) -> HarnessCheckpointSaver:
     return HarnessCheckpointSaver(client.worker(binding.binding_id, fence=fence or binding.fence, codec=CODEC))
-
-
-def _raise_fence(server, binding_id: str, generation: int) -> None:
-    """The operator's step 2 (DESIGN §3): raise the store fence to a new lease generation."""
-    with sqlite3.connect(server.database, timeout=10) as db:
-        db.execute("PRAGMA busy_timeout = 10000")
-        cur = db.execute(
-            "UPDATE harness_sessions SET lease_generation = ? WHERE id = ? AND lease_generation < ?",
-            (generation, binding_id, generation),
-        )
-        assert cur.rowcount == 1
 
 
 def _assert_linear(saver: HarnessCheckpointSaver, thread_id: str) -> list:
@@ -79,7 +68,7 @@ def test_replaced_worker_is_refused_and_the_new_one_continues(client, server) ->
     build(old).invoke({"steps": []}, cfg)
     first = _assert_linear(old, "t")
 
-    _raise_fence(server, binding.binding_id, binding.lease_generation + 1)
+    raise_fence(server, binding.binding_id, binding.lease_generation + 1)
     new = _saver(client, binding, Fence(binding.epoch, binding.lease_generation + 1))
     head = new.load_head()
     assert head is not None and head.revision == old.revision

@@ -9,7 +9,9 @@ The algorithm of spec 002 §5.3, as one function (`run_effect`) and a decorator
 2. A recorded outcome decides first: `confirmed` returns the recorded result without
    calling anything; `attempted` (the last worker died between the call and its record)
    or `unknown` is reconciled by asking the provider, by key, with backoff and a fixed
-   budget; `refused` allows a new attempt; `awaiting_human` raises `EffectNeedsHuman`.
+   budget; `refused` allows a new attempt, unless a person recorded it (then
+   `EffectRefused`: the turn goes on without it, a new intent gets a new key);
+   `awaiting_human` raises `EffectNeedsHuman`.
 3. Otherwise the attempt is appended (durable) before the call.
 4. The call's result is recorded as `confirmed`; `EffectRefused` from the call as
    `refused`; any other failure as `unknown`, then reconciled at once.
@@ -182,6 +184,8 @@ def begin_effect(
             return Begun(key, True, known.get("result"))
         if status == "awaiting_human":
             raise EffectNeedsHuman(key, status, f"effect {key} awaits a person's decision")
+        if status == "refused" and known.get("via") == "human":
+            raise EffectRefused(f"effect {key}: a person recorded that it was not applied")
         if status in ("attempted", "unknown"):
             settled = _reconcile(
                 ctx, key, known.get("last_attempt_seq"), lookup, reconcile_attempts, backoff

@@ -19,6 +19,12 @@ under it):
   `StaleLease`, and neither leaves a checkpoint behind. Maintenance calls (delete,
   copy, prune) commit a small record too, so the head is the one linearization point.
 
+An effect review (an `interrupt()` whose value is a mapping with `type:
+"effect_review"`, as `effect_tool` raises when a person must decide an effect) is also
+committed as the binding's pending interrupt, so the control plane finds it at
+`GET .../interrupt` and answers it with the interrupt protocol; the head of that commit
+is a small record naming the checkpoint. Other interrupts stay LangGraph's own.
+
 A backend that cannot do the three writes in one transaction (MongoDB) runs them in
 order, so a worker can die after the commit and before the object write; the next saver
 on the binding then finds the head's checkpoint missing from the index and writes it
@@ -39,6 +45,7 @@ from urllib.parse import quote, unquote
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
+    INTERRUPT,
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
@@ -270,6 +277,76 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         ]
 
     @staticmethod
+    def _effect_review(writes: Sequence[tuple[str, Any]]) -> dict[str, Any] | None:
+        """The server-side interrupt for an effect review among `writes`, if any."""
+        for channel, value in writes:
+            if channel != INTERRUPT:
+                continue
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                request = getattr(item, "value", None)
+                if isinstance(request, Mapping) and request.get("type") == "effect_review":
+                    body = {k: v for k, v in request.items() if k not in ("type", "allowed_decisions")}
+                    return {
+                        "interrupt_id": str(getattr(item, "id", "") or body["idempotency_key"]),
+                        "type": "effect_review",
+                        "allowed_decisions": list(request.get("allowed_decisions") or ["confirmed", "refused"]),
+                        "body": body,
+                    }
+        return None
+
+    def _commit_interrupt(self, w: Worker, config: RunnableConfig, interrupt: dict[str, Any]) -> None:
+        conf = config["configurable"]
+        body = self._maintenance(
+            "interrupt",
+            thread_id=str(conf["thread_id"]),
+            checkpoint_ns=str(conf.get("checkpoint_ns", "")),
+            checkpoint_id=conf.get("checkpoint_id"),
+            interrupt_id=interrupt["interrupt_id"],
+        )
+        with self._lock:
+            expected = self._sync_revision(w)
+            # One key per occurrence: the same review raised again (a worker re-running
+            # the interrupted step) is a new commit on the revision it starts from.
+            ident = derived_key("lgi", interrupt["interrupt_id"], str(expected), sha256_digest(body))
+            pending = w.write_pending(body, idempotency_key=ident)
+            head = w.commit(
+                pending.state_id,
+                expected,
+                self._run_id(conf, interrupt["interrupt_id"]),
+                interrupt=interrupt,
+                idempotency_key=ident,
+            )
+            self._revision = head.revision
+            self._head = head
+
+    async def _acommit_interrupt(
+        self, w: AsyncWorker, config: RunnableConfig, interrupt: dict[str, Any]
+    ) -> None:
+        conf = config["configurable"]
+        body = self._maintenance(
+            "interrupt",
+            thread_id=str(conf["thread_id"]),
+            checkpoint_ns=str(conf.get("checkpoint_ns", "")),
+            checkpoint_id=conf.get("checkpoint_id"),
+            interrupt_id=interrupt["interrupt_id"],
+        )
+        async with self._alock_get():
+            expected = await self._async_revision(w)
+            # One key per occurrence: the same review raised again (a worker re-running
+            # the interrupted step) is a new commit on the revision it starts from.
+            ident = derived_key("lgi", interrupt["interrupt_id"], str(expected), sha256_digest(body))
+            pending = await w.write_pending(body, idempotency_key=ident)
+            head = await w.commit(
+                pending.state_id,
+                expected,
+                self._run_id(conf, interrupt["interrupt_id"]),
+                interrupt=interrupt,
+                idempotency_key=ident,
+            )
+            self._revision = head.revision
+            self._head = head
+
+    @staticmethod
     def _maintenance(op: str, **fields: Any) -> bytes:
         return _frame({"kind": "maintenance", "op": op, **fields})
 
@@ -354,6 +431,9 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         stream = writes_stream(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")), conf["checkpoint_id"])
         entries = self._write_entries(writes, task_id, task_path)
         self._w().append(stream, entries, idempotency_key=derived_key("lgw", stream, *(f"{e}={sha256_digest(b)}" for e, b in entries)))
+        review = self._effect_review(writes)
+        if review is not None:
+            self._commit_interrupt(self._w(), config, review)
 
     def _writes(self, w: Worker, rec: _Record) -> _List[tuple[str, str, Any]]:
         return self._decode_writes(w.load_all(writes_stream(rec.thread_id, rec.ns, rec.checkpoint_id)))
@@ -548,6 +628,9 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
         await self._aw().append(
             stream, entries, idempotency_key=derived_key("lgw", stream, *(f"{e}={sha256_digest(b)}" for e, b in entries))
         )
+        review = self._effect_review(writes)
+        if review is not None:
+            await self._acommit_interrupt(self._aw(), config, review)
 
     async def _awrites(self, w: AsyncWorker, rec: _Record) -> _List[tuple[str, str, Any]]:
         return self._decode_writes(await w.load_all(writes_stream(rec.thread_id, rec.ns, rec.checkpoint_id)))

@@ -9,6 +9,15 @@ its idempotency key. Tools that are not wrapped run exactly as before.
 
 `context(config)` builds the `EffectContext` (worker, run, turn, agent) from the
 `RunnableConfig` of the call, so one graph serves every conversation.
+
+An effect whose outcome only a person can settle (`EffectNeedsHuman`) interrupts the
+graph with an effect review (`interrupt({"type": "effect_review", ...})`, which
+`HarnessCheckpointSaver` commits as the binding's pending interrupt). The control plane
+resumes that interrupt with `confirmed` or `refused`, which records the person's
+decision in the run ledger; the worker then resumes the graph
+(`Command(resume=decision)`) and the tool returns the confirmed result, or raises
+`EffectRefused` without calling the provider again. With `review=False` the
+`EffectNeedsHuman` propagates instead.
 """
 
 from __future__ import annotations
@@ -20,7 +29,9 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool
 
-from ..effects import EffectContext, Lookup, run_effect
+from langgraph.types import interrupt
+
+from ..effects import EffectContext, EffectNeedsHuman, Lookup, run_effect
 
 _KEY: ContextVar[str | None] = ContextVar("harness_engine_effect_key", default=None)
 
@@ -42,6 +53,7 @@ def effect_tool(
     irreversible: bool = True,
     reconcile_attempts: int = 3,
     backoff: float = 0.2,
+    review: bool = True,
 ) -> BaseTool:
     """`tool`, with each call run through `run_effect` (see the module documentation)."""
 
@@ -55,16 +67,36 @@ def effect_tool(
             finally:
                 _KEY.reset(token)
 
-        return run_effect(
-            ctx,
-            tool.name,
-            args,
-            call,
-            lookup=lookup,
-            irreversible=irreversible,
-            reconcile_attempts=reconcile_attempts,
-            backoff=backoff,
-        )
+        def attempt() -> Any:
+            return run_effect(
+                ctx,
+                tool.name,
+                args,
+                call,
+                lookup=lookup,
+                irreversible=irreversible,
+                reconcile_attempts=reconcile_attempts,
+                backoff=backoff,
+            )
+
+        try:
+            return attempt()
+        except EffectNeedsHuman as waiting:
+            if not review:
+                raise
+            # Stops the graph here; on resume it returns and the ledger holds the
+            # person's decision, which the second attempt reads (and never re-calls a
+            # confirmed or person-refused effect).
+            interrupt(
+                {
+                    "type": "effect_review",
+                    "idempotency_key": waiting.key,
+                    "tool": tool.name,
+                    "reason": str(waiting),
+                    "allowed_decisions": ["confirmed", "refused"],
+                }
+            )
+            return attempt()
 
     return StructuredTool.from_function(
         func=run,
