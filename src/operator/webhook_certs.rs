@@ -383,14 +383,13 @@ pub async fn sync_files(
             Ok(Some(secret)) => {
                 if let Some(stored) = read(&secret)
                     && !pair_on_disk(&cfg.cert_dir, &stored.serving)
+                    && let Err(error) = write_pair(&cfg.cert_dir, &stored.serving)
                 {
-                    if let Err(error) = write_pair(&cfg.cert_dir, &stored.serving) {
-                        tracing::warn!(
-                            dir = %cfg.cert_dir.display(),
-                            %error,
-                            "webhook certificates: cannot write the serving pair"
-                        );
-                    }
+                    tracing::warn!(
+                        dir = %cfg.cert_dir.display(),
+                        %error,
+                        "webhook certificates: cannot write the serving pair"
+                    );
                 }
             }
             Ok(None) => {}
