@@ -45,7 +45,6 @@ from urllib.parse import quote, unquote
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    INTERRUPT,
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
@@ -57,6 +56,7 @@ from langgraph.checkpoint.base import (
 )
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import INTERRUPT
 
 from .._core import Head, derived_key, sha256_digest
 from ..client import AsyncHarnessClient, AsyncWorker, HarnessClient, Worker
