@@ -294,7 +294,9 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
                     }
         return None
 
-    def _commit_interrupt(self, w: Worker, config: RunnableConfig, interrupt: dict[str, Any]) -> None:
+    def _interrupt_record(self, config: RunnableConfig, interrupt: Mapping[str, Any]) -> tuple[bytes, str]:
+        """The head committed with an effect review (a small record naming the
+        checkpoint), and its run id."""
         conf = config["configurable"]
         body = self._maintenance(
             "interrupt",
@@ -303,6 +305,10 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             checkpoint_id=conf.get("checkpoint_id"),
             interrupt_id=interrupt["interrupt_id"],
         )
+        return body, self._run_id(conf, interrupt["interrupt_id"])
+
+    def _commit_interrupt(self, w: Worker, config: RunnableConfig, interrupt: dict[str, Any]) -> None:
+        body, run_id = self._interrupt_record(config, interrupt)
         with self._lock:
             expected = self._sync_revision(w)
             # One key per occurrence: the same review raised again (a worker re-running
@@ -312,7 +318,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             head = w.commit(
                 pending.state_id,
                 expected,
-                self._run_id(conf, interrupt["interrupt_id"]),
+                run_id,
                 interrupt=interrupt,
                 idempotency_key=ident,
             )
@@ -322,14 +328,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
     async def _acommit_interrupt(
         self, w: AsyncWorker, config: RunnableConfig, interrupt: dict[str, Any]
     ) -> None:
-        conf = config["configurable"]
-        body = self._maintenance(
-            "interrupt",
-            thread_id=str(conf["thread_id"]),
-            checkpoint_ns=str(conf.get("checkpoint_ns", "")),
-            checkpoint_id=conf.get("checkpoint_id"),
-            interrupt_id=interrupt["interrupt_id"],
-        )
+        body, run_id = self._interrupt_record(config, interrupt)
         async with self._alock_get():
             expected = await self._async_revision(w)
             # One key per occurrence: the same review raised again (a worker re-running
@@ -339,7 +338,7 @@ class HarnessCheckpointSaver(BaseCheckpointSaver[str]):
             head = await w.commit(
                 pending.state_id,
                 expected,
-                self._run_id(conf, interrupt["interrupt_id"]),
+                run_id,
                 interrupt=interrupt,
                 idempotency_key=ident,
             )
