@@ -245,6 +245,7 @@ fn request(run: &str, n: u64, event_type: EventType, payload: Value, key: String
         expected_last_seq: None,
         budgets: Budgets::default(),
         approval_required: false,
+        preconditions: None,
     }
 }
 

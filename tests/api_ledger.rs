@@ -722,3 +722,388 @@ async fn a_run_read_pages_skips_to_a_snapshot_and_derives_metrics() {
         "{text}"
     );
 }
+
+/// An effect review through the interrupt protocol: the worker commits an
+/// `effect_review` interrupt naming the effect; the control plane's resume records the
+/// person's decision in the ledger (with the result it found) before the interrupt is
+/// consumed, once, however often the resume is retried. A review that names no effect,
+/// or mixes outcome and approval decisions, is refused at commit.
+#[tokio::test]
+async fn resuming_an_effect_review_records_the_persons_decision_once() {
+    let server = serve(&[]);
+    let ledger = Ledger::new(&server, "conv-review").await;
+    let (api, binding, (e, g)) = (&ledger.api, ledger.binding.clone(), ledger.fence);
+    ledger.ok("s1", started("run-1")).await;
+    ledger.ok("a1", attempt("run-1", "refund:A-1")).await;
+    ledger
+        .ok("o1", outcome("run-1", "refund:A-1", "unknown", "direct"))
+        .await;
+    ledger
+        .ok(
+            "r1",
+            event(
+                "HumanReviewRequested",
+                "run-1",
+                "t1",
+                json!({"idempotency_key": "refund:A-1", "reason": "provider cannot be queried"}),
+            ),
+        )
+        .await;
+
+    let commit = |key: &'static str, state_id: String, interrupt: Value| {
+        api.worker(
+            Method::POST,
+            &format!("/v1/bindings/{binding}/state/commit"),
+            e,
+            g,
+        )
+        .header("Idempotency-Key", key)
+        .json(
+            &json!({"state_id": state_id, "expected_revision": 0, "run_id": "lg-1",
+                      "interrupt": interrupt}),
+        )
+    };
+    let pending = api.write_pending(&binding, (e, g), "w1", b"review").await;
+    let state_id = pending.json()["state_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    for (key, bad, needle) in [
+        (
+            "bad-1",
+            json!({"interrupt_id": "int-1", "type": "effect_review", "allowed_decisions": ["confirmed"], "body": {}}),
+            "idempotency_key",
+        ),
+        (
+            "bad-2",
+            json!({"interrupt_id": "int-1", "type": "effect_review", "allowed_decisions": ["confirmed", "approved"],
+                   "body": {"idempotency_key": "refund:A-1"}}),
+            "got: confirmed, approved",
+        ),
+    ] {
+        let refused = send(commit(key, state_id.clone(), bad)).await;
+        assert_eq!((refused.status, refused.code().as_str()), (422, "invalid"));
+        assert!(
+            String::from_utf8_lossy(&refused.body).contains(needle),
+            "{}",
+            String::from_utf8_lossy(&refused.body)
+        );
+    }
+    let committed = send(commit(
+        "c1",
+        state_id,
+        json!({"interrupt_id": "int-1", "type": "effect_review", "allowed_decisions": ["confirmed", "refused"],
+               "body": {"idempotency_key": "refund:A-1", "tool": "issue_refund"}}),
+    ))
+    .await;
+    assert_eq!(
+        committed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&committed.body)
+    );
+    let got = send(api.req(Method::GET, &format!("/v1/bindings/{binding}/interrupt")))
+        .await
+        .json();
+    assert_eq!(got["interrupt"]["type"], "effect_review");
+    let revision = got["interrupt"]["revision"].as_u64().unwrap_or(0);
+
+    let events_before = ledger.event_count().await;
+    let resume = || {
+        api.req(
+            Method::POST,
+            &format!("/v1/bindings/{binding}/interrupt/resume"),
+        )
+        .header("Idempotency-Key", "answer-1")
+        .json(
+            &json!({"interrupt_id": "int-1", "revision": revision, "decision": "confirmed",
+                      "response": {"result": {"refund_id": "rf_9"}}}),
+        )
+    };
+    let first = send(resume()).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let effect = ledger.effect("refund:A-1").await;
+    assert_eq!(
+        (
+            effect["status"].as_str(),
+            effect["via"].as_str(),
+            effect["result"]["refund_id"].as_str()
+        ),
+        (Some("confirmed"), Some("human"), Some("rf_9")),
+        "{effect}"
+    );
+    let again = send(resume()).await;
+    assert_eq!(
+        (again.status, again.json()["resumed_at_ms"].clone()),
+        (200, first.json()["resumed_at_ms"].clone()),
+        "a retried resume returns the first outcome"
+    );
+    assert_eq!(
+        ledger.event_count().await,
+        events_before + 1,
+        "one HumanReviewResolved, however often the resume is retried"
+    );
+    let run = ledger.run("run-1").await;
+    let last = run["events"]
+        .as_array()
+        .and_then(|v| v.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (
+            last["type"].as_str(),
+            last["payload"]["decision"].as_str(),
+            last["payload"]["interrupt_id"].as_str()
+        ),
+        (
+            Some("HumanReviewResolved"),
+            Some("confirmed"),
+            Some("int-1")
+        ),
+        "{last}"
+    );
+}
+
+/// The episode contract over `/v1` (`spec/003` "Stateless Run Handles", "Event And
+/// Outcome Authority"): `POST .../runs` mints the run and its root work item from the
+/// idempotency key (a retry names the same run), child work items and artifacts get
+/// server-minted ids (a caller-set id is refused), an illegal work-item move appends
+/// nothing, a governed-v2 event with a stale precondition appends nothing, and a
+/// correction keeps `terminal_at_ms`.
+#[tokio::test]
+async fn runs_begin_with_minted_handles_and_keep_their_work_tree() {
+    let server = serve(&[]);
+    let ledger = Ledger::new(&server, "conv-episode").await;
+    let (api, binding, (e, g)) = (&ledger.api, ledger.binding.clone(), ledger.fence);
+    let begin = |key: &'static str, body: Value| {
+        api.worker(Method::POST, &format!("/v1/bindings/{binding}/runs"), e, g)
+            .header("Idempotency-Key", key)
+            .json(&body)
+    };
+    let first = send(begin(
+        "b1",
+        json!({"agent_id": "coder", "payload": {"goal_digest": "sha256:01"}}),
+    ))
+    .await;
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let begun = first.json();
+    let (run, root) = (
+        begun["run_id"].as_str().unwrap_or_default().to_owned(),
+        begun["work_item_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    );
+    assert!(run.starts_with("run_") && run.len() == 36, "{run}");
+    assert!(root.starts_with("wi_") && root.len() == 35, "{root}");
+    let again = send(begin(
+        "b1",
+        json!({"agent_id": "coder", "payload": {"goal_digest": "sha256:01"}}),
+    ))
+    .await;
+    assert_eq!(
+        (
+            again.status,
+            again.json()["run_id"].as_str(),
+            again.json()["replayed"].as_bool()
+        ),
+        (200, Some(run.as_str()), Some(true)),
+        "a retried begin names the same run"
+    );
+    let other = send(begin("b2", json!({"agent_id": "coder"}))).await.json();
+    assert_ne!(other["run_id"], begun["run_id"], "another key, another run");
+    let mismatch = send(begin("b1", json!({"agent_id": "coder"}))).await;
+    assert_eq!(mismatch.code(), "idempotency_mismatch");
+
+    let ev = |t: &str, payload: Value| event(t, &run, "t1", payload);
+    // A handle the server mints cannot be chosen by the caller.
+    let chosen = ledger
+        .append(
+            "c0",
+            ev(
+                "work_item_created",
+                json!({"work_item_id": "wi_mine", "parent_work_item_id": root}),
+            ),
+        )
+        .await;
+    assert_eq!((chosen.status, chosen.code().as_str()), (422, "invalid"));
+    // The root is pending: no child yet, and no completion before a start.
+    let events_before = ledger.event_count().await;
+    for (key, t) in [("x1", "work_item_completed"), ("x2", "work_item_blocked")] {
+        let refused = ledger
+            .append(key, ev(t, json!({"work_item_id": root})))
+            .await;
+        assert_eq!(
+            (refused.status, refused.code().as_str()),
+            (409, "conflict"),
+            "{t}"
+        );
+    }
+    assert_eq!(
+        ledger.event_count().await,
+        events_before,
+        "refusals append nothing"
+    );
+    ledger
+        .ok("s1", ev("work_item_started", json!({"work_item_id": root})))
+        .await;
+    let created = ledger
+        .ok(
+            "c1",
+            ev(
+                "work_item_created",
+                json!({"parent_work_item_id": root, "title": "write the report"}),
+            ),
+        )
+        .await;
+    let child = created["event"]["payload"]["work_item_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(child.starts_with("wi_") && child != root, "{child}");
+    let replay = ledger
+        .append(
+            "c1",
+            ev(
+                "work_item_created",
+                json!({"parent_work_item_id": root, "title": "write the report"}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (
+            replay.status,
+            replay.json()["event"]["payload"]["work_item_id"].as_str()
+        ),
+        (200, Some(child.as_str())),
+        "a retried creation names the same child"
+    );
+    let artifact = ledger
+        .ok(
+            "a1",
+            ev(
+                "artifact_created",
+                json!({"artifact": {"sha256": "b".repeat(64), "mime_type": "text/markdown", "uri": "s3://reports/r.md"}}),
+            ),
+        )
+        .await;
+    let artifact_id = artifact["event"]["payload"]["artifact_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(artifact_id.starts_with("art_"), "{artifact}");
+
+    // Governed-v2: a stale status or sequence appends nothing; a current one appends.
+    let state = ledger.run(&run).await;
+    let last = state["state"]["last_seq"].as_u64().unwrap_or(0);
+    let governed = |pre: Value| {
+        let mut body = ev("work_item_started", json!({"work_item_id": child}));
+        body["versions"]["schema"] = json!("work_item_started/2");
+        body["preconditions"] = pre;
+        body
+    };
+    let stale = ledger
+        .append(
+            "g1",
+            governed(json!({"run_last_seq": last - 1, "status": "pending"})),
+        )
+        .await;
+    assert_eq!(
+        (stale.status, stale.code().as_str()),
+        (409, "sequence_conflict")
+    );
+    let stale = ledger
+        .append(
+            "g2",
+            governed(json!({"run_last_seq": last, "status": "active"})),
+        )
+        .await;
+    assert_eq!((stale.status, stale.code().as_str()), (409, "conflict"));
+    let missing = ledger
+        .append("g3", {
+            let mut b = governed(json!(null));
+            b.as_object_mut().map(|m| m.remove("preconditions"));
+            b
+        })
+        .await;
+    assert_eq!((missing.status, missing.code().as_str()), (422, "invalid"));
+    ledger
+        .ok(
+            "g4",
+            governed(json!({"run_last_seq": last, "status": "pending"})),
+        )
+        .await;
+
+    // Every item terminal before the outcome; then a correction keeps terminal_at.
+    let early = ledger
+        .append("d0", ev("RunCompleted", json!({"outcome": "resolved"})))
+        .await;
+    assert_eq!(early.code(), "conflict");
+    ledger
+        .ok(
+            "d1",
+            ev("work_item_completed", json!({"work_item_id": child})),
+        )
+        .await;
+    ledger
+        .ok(
+            "d2",
+            ev("work_item_completed", json!({"work_item_id": root})),
+        )
+        .await;
+    ledger
+        .ok(
+            "d3",
+            ev("RunCompleted", json!({"outcome": "verified_success"})),
+        )
+        .await;
+    let done = ledger.run(&run).await;
+    let episode = &done["state"]["episode"];
+    assert_eq!(
+        episode["outcome_head"]["strength"], "legacy_declared",
+        "{episode}"
+    );
+    assert_eq!(
+        episode["artifacts"][&artifact_id]["uri"],
+        "s3://reports/r.md"
+    );
+    assert_eq!(
+        episode["work_items"][&child]["parent_work_item_id"],
+        root.as_str()
+    );
+    let terminal_at = episode["terminal_at_ms"].clone();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    ledger
+        .ok(
+            "d4",
+            ev(
+                "RunOutcomeCorrected",
+                json!({"outcome": "user_corrected", "reason": "customer reopened"}),
+            ),
+        )
+        .await;
+    let corrected = ledger.run(&run).await;
+    let episode = &corrected["state"]["episode"];
+    assert_eq!(episode["terminal_at_ms"], terminal_at);
+    assert!(
+        episode["current_outcome_updated_at_ms"].as_i64() > terminal_at.as_i64(),
+        "{episode}"
+    );
+    assert_eq!(
+        (
+            episode["outcome_head"]["outcome"].as_str(),
+            episode["outcome_head"]["corrections"].as_u64()
+        ),
+        (Some("user_corrected"), Some(1))
+    );
+}

@@ -126,6 +126,31 @@ impl Keyring {
         format!("mn_{}", hex::encode(self.mac("memory-namespace/v1", &all)))
     }
 
+    /// A server-minted handle (run, work item, artifact: `spec/003_bab976795353d872.txt`
+    /// "Stateless Run Handles"): `prefix` and 32 hex digits of a keyed digest of the
+    /// binding, its epoch, what is minted and the request's idempotency digest. 128 bits
+    /// no caller can predict without the key, and the same for an idempotent retry, so a
+    /// retried request names the same handle.
+    pub fn mint_handle(
+        &self,
+        prefix: &str,
+        binding: &BindingId,
+        epoch: u64,
+        what: &str,
+        idempotency: &str,
+    ) -> String {
+        let d = self.mac(
+            "handle/v1",
+            &[
+                binding.0.as_bytes(),
+                &epoch.to_be_bytes(),
+                what.as_bytes(),
+                idempotency.as_bytes(),
+            ],
+        );
+        format!("{prefix}{}", hex::encode(&d[..16]))
+    }
+
     /// The stored form of a client idempotency key, bound to the binding and operation
     /// so one key reused across bindings or operations never aliases.
     pub fn idempotency_digest(

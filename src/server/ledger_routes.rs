@@ -52,6 +52,7 @@ use crate::{
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(append_event, list_events))
+        .routes(routes!(begin_run))
         .routes(routes!(read_run))
         .routes(routes!(read_effect))
         .routes(routes!(take_snapshot, read_snapshot))
@@ -416,6 +417,24 @@ pub enum EventKind {
     EffectOutcomeObserved,
     HumanReviewRequested,
     HumanReviewResolved,
+    /// A superseding correction of a completed run's outcome.
+    RunOutcomeCorrected,
+    /// A child work item (the server mints `work_item_id`).
+    #[serde(rename = "work_item_created")]
+    WorkItemCreated,
+    #[serde(rename = "work_item_started")]
+    WorkItemStarted,
+    #[serde(rename = "work_item_blocked")]
+    WorkItemBlocked,
+    #[serde(rename = "work_item_completed")]
+    WorkItemCompleted,
+    #[serde(rename = "work_item_failed")]
+    WorkItemFailed,
+    #[serde(rename = "work_item_abandoned")]
+    WorkItemAbandoned,
+    /// An artifact reference (the server mints `artifact_id`).
+    #[serde(rename = "artifact_created")]
+    ArtifactCreated,
 }
 
 impl From<EventKind> for EventType {
@@ -429,6 +448,14 @@ impl From<EventKind> for EventType {
             EventKind::EffectOutcomeObserved => EventType::EffectOutcomeObserved,
             EventKind::HumanReviewRequested => EventType::HumanReviewRequested,
             EventKind::HumanReviewResolved => EventType::HumanReviewResolved,
+            EventKind::RunOutcomeCorrected => EventType::RunOutcomeCorrected,
+            EventKind::WorkItemCreated => EventType::WorkItemCreated,
+            EventKind::WorkItemStarted => EventType::WorkItemStarted,
+            EventKind::WorkItemBlocked => EventType::WorkItemBlocked,
+            EventKind::WorkItemCompleted => EventType::WorkItemCompleted,
+            EventKind::WorkItemFailed => EventType::WorkItemFailed,
+            EventKind::WorkItemAbandoned => EventType::WorkItemAbandoned,
+            EventKind::ArtifactCreated => EventType::ArtifactCreated,
         }
     }
 }
@@ -444,6 +471,14 @@ impl From<EventType> for EventKind {
             EventType::EffectOutcomeObserved => EventKind::EffectOutcomeObserved,
             EventType::HumanReviewRequested => EventKind::HumanReviewRequested,
             EventType::HumanReviewResolved => EventKind::HumanReviewResolved,
+            EventType::RunOutcomeCorrected => EventKind::RunOutcomeCorrected,
+            EventType::WorkItemCreated => EventKind::WorkItemCreated,
+            EventType::WorkItemStarted => EventKind::WorkItemStarted,
+            EventType::WorkItemBlocked => EventKind::WorkItemBlocked,
+            EventType::WorkItemCompleted => EventKind::WorkItemCompleted,
+            EventType::WorkItemFailed => EventKind::WorkItemFailed,
+            EventType::WorkItemAbandoned => EventKind::WorkItemAbandoned,
+            EventType::ArtifactCreated => EventKind::ArtifactCreated,
         }
     }
 }
@@ -489,6 +524,11 @@ pub struct AppendEventBody {
     #[serde(default)]
     #[schema(minimum = 0, nullable = false)]
     pub expected_last_seq: Option<u64>,
+    /// Compare-and-swap preconditions on the run (required for a governed-v2 event,
+    /// `versions.schema` `<type>/2`): a mismatch appends nothing.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub preconditions: Option<PreconditionsBody>,
     /// The type's fields (docs/ledger.md "Vocabulary"), at most 32 KiB as canonical JSON.
     /// Fields holding raw transcripts or hidden reasoning are refused at any depth
     /// (`transcript`, `reasoning`, `Thought-Process`, `ANALYSIS`, `chain_of_thought`...);
@@ -496,6 +536,20 @@ pub struct AppendEventBody {
     #[serde(deserialize_with = "json_object")]
     #[schema(value_type = Object)]
     pub payload: Value,
+}
+
+/// What the writer asserts about the run before its event is appended.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreconditionsBody {
+    /// The sequence of the run's last event (`sequence_conflict` otherwise).
+    #[schema(minimum = 0)]
+    pub run_last_seq: u64,
+    /// The status of the work item the event names (`pending`, `active`, `blocked`,
+    /// `completed`, `failed`, `abandoned`), else of the run (`running`, `completed`);
+    /// `conflict` otherwise.
+    #[schema(example = "active", max_length = 32)]
+    pub status: String,
 }
 
 /// Versions recorded with an event.
@@ -693,6 +747,11 @@ pub enum RunOutcomeView {
     HandedToHuman,
     Abandoned,
     Failed,
+    /// Without a verification receipt this reads as declared (`outcome_head.strength`
+    /// `legacy_declared`).
+    VerifiedSuccess,
+    UserCorrected,
+    Regression,
 }
 
 impl From<RunOutcomeKind> for RunOutcomeView {
@@ -703,6 +762,9 @@ impl From<RunOutcomeKind> for RunOutcomeView {
             RunOutcomeKind::HandedToHuman => RunOutcomeView::HandedToHuman,
             RunOutcomeKind::Abandoned => RunOutcomeView::Abandoned,
             RunOutcomeKind::Failed => RunOutcomeView::Failed,
+            RunOutcomeKind::VerifiedSuccess => RunOutcomeView::VerifiedSuccess,
+            RunOutcomeKind::UserCorrected => RunOutcomeView::UserCorrected,
+            RunOutcomeKind::Regression => RunOutcomeView::Regression,
         }
     }
 }
@@ -749,6 +811,106 @@ pub struct RunView {
     pub loops_detected: u64,
     pub outcomes: OutcomeCounts,
     pub human_reviews_requested: u64,
+    /// The episode contract's part of the run (docs/mcp.md "Runs"): its work tree,
+    /// artifact references and outcome head.
+    pub episode: EpisodeView,
+}
+
+/// A run's work tree, artifacts and outcome head (`spec/003`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EpisodeView {
+    /// The run's root work item, when it was begun with one (`POST .../runs`).
+    pub root_work_item_id: Option<String>,
+    /// Work items by id.
+    pub work_items: BTreeMap<String, WorkItemView>,
+    /// Artifact references by server-minted id.
+    pub artifacts: BTreeMap<String, ArtifactView>,
+    /// When the first outcome was recorded (a correction never moves it).
+    pub terminal_at_ms: Option<i64>,
+    /// When the outcome head last moved.
+    pub current_outcome_updated_at_ms: Option<i64>,
+    pub outcome_head: Option<OutcomeHeadView>,
+}
+
+/// One work item.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkItemView {
+    pub parent_work_item_id: Option<String>,
+    /// `pending`, `active`, `blocked`, `completed`, `failed`, `abandoned`.
+    pub status: String,
+    pub created_seq: u64,
+    pub updated_seq: u64,
+}
+
+/// An artifact reference.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArtifactView {
+    pub sha256: String,
+    pub mime_type: String,
+    pub uri: String,
+    pub seq: u64,
+}
+
+/// The current outcome: the first one or its latest correction.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutcomeHeadView {
+    pub outcome: RunOutcomeView,
+    /// `declared`, or `legacy_declared` for a `verified_success` without a receipt.
+    pub strength: String,
+    pub seq: u64,
+    pub regression_of_run_id: Option<String>,
+    pub corrections: u64,
+}
+
+impl From<ledger::Episode> for EpisodeView {
+    fn from(e: ledger::Episode) -> Self {
+        EpisodeView {
+            root_work_item_id: e.root_work_item_id,
+            work_items: e
+                .work_items
+                .into_iter()
+                .map(|(id, w)| {
+                    (
+                        id,
+                        WorkItemView {
+                            parent_work_item_id: w.parent,
+                            status: w.status.as_str().to_owned(),
+                            created_seq: w.created_seq,
+                            updated_seq: w.updated_seq,
+                        },
+                    )
+                })
+                .collect(),
+            artifacts: e
+                .artifacts
+                .into_iter()
+                .map(|(id, a)| {
+                    (
+                        id,
+                        ArtifactView {
+                            sha256: a.sha256,
+                            mime_type: a.mime_type,
+                            uri: a.uri,
+                            seq: a.seq,
+                        },
+                    )
+                })
+                .collect(),
+            terminal_at_ms: e.terminal_at_ms,
+            current_outcome_updated_at_ms: e.current_outcome_updated_at_ms,
+            outcome_head: e.outcome_head.map(|h| OutcomeHeadView {
+                outcome: h.outcome.into(),
+                strength: match h.strength {
+                    ledger::OutcomeStrength::Declared => "declared",
+                    ledger::OutcomeStrength::LegacyDeclared => "legacy_declared",
+                }
+                .to_owned(),
+                seq: h.seq,
+                regression_of_run_id: h.regression_of_run_id,
+                corrections: h.corrections,
+            }),
+        }
+    }
 }
 
 impl From<RunState> for RunView {
@@ -779,6 +941,7 @@ impl From<RunState> for RunView {
                 unknown: r.outcomes_unknown,
             },
             human_reviews_requested: r.human_reviews_requested,
+            episode: r.episode.into(),
         }
     }
 }
@@ -1017,6 +1180,52 @@ fn redact_args(payload: &mut Value) {
     }
 }
 
+/// Payload fields only the server sets, by event type: the handles it mints.
+fn minted_field(event_type: EventType) -> Option<(&'static str, &'static str)> {
+    match event_type {
+        EventType::RunStarted => Some(("root_work_item_id", "wi_")),
+        EventType::WorkItemCreated => Some(("work_item_id", "wi_")),
+        EventType::ArtifactCreated => Some(("artifact_id", "art_")),
+        _ => None,
+    }
+}
+
+/// Refuses a caller-set handle and mints the event's own (a child work item, an
+/// artifact) from the request's idempotency digest, so a retry names the same handle.
+/// A root work item is minted only by `POST .../runs` (begin).
+fn mint_into(
+    state: &AppState,
+    scope: &crate::domain::state::StateScope,
+    event_type: EventType,
+    idempotency: &str,
+    run_id: &str,
+    payload: &mut Value,
+) -> Result<(), ApiError> {
+    let Some((field, prefix)) = minted_field(event_type) else {
+        return Ok(());
+    };
+    if payload.get(field).is_some() {
+        return Err(ApiError::invalid(format!(
+            "{} payload field `{field}` is minted by the server; leave it out",
+            event_type.as_str()
+        )));
+    }
+    if event_type == EventType::RunStarted {
+        return Ok(());
+    }
+    let handle = state.keyring().mint_handle(
+        prefix,
+        &scope.binding_id,
+        scope.epoch,
+        &format!("{}/{run_id}", event_type.as_str()),
+        idempotency,
+    );
+    if let Some(map) = payload.as_object_mut() {
+        map.insert(field.to_owned(), Value::String(handle));
+    }
+    Ok(())
+}
+
 /// Append one event to the binding's ledger.
 ///
 /// Fenced like every state write (`stale_lease`, `stale_epoch`), optionally on
@@ -1055,6 +1264,19 @@ async fn append_event(
     if event_type == EventType::EffectAttempted {
         redact_args(&mut payload);
     }
+    let idempotency = state
+        .keyring()
+        .idempotency_digest(&record.binding_id, "ledger.append", &key)
+        .as_str()
+        .to_owned();
+    mint_into(
+        &state,
+        &scope,
+        event_type,
+        &idempotency,
+        &body.run_id,
+        &mut payload,
+    )?;
     let rules = state.ledger_budgets().rules(&record.binding_id);
     let payload_tool = payload
         .get("tool")
@@ -1077,20 +1299,28 @@ async fn append_event(
             },
             payload,
         },
-        idempotency: Some(
-            state
-                .keyring()
-                .idempotency_digest(&record.binding_id, "ledger.append", &key)
-                .as_str()
-                .to_owned(),
-        ),
+        idempotency: Some(idempotency),
         expected_last_seq: body.expected_last_seq,
         budgets: rules.budgets,
         approval_required: event_type == EventType::EffectAttempted
             && payload_tool.is_some_and(|t| rules.approval_required(&t)),
+        preconditions: body.preconditions.map(|p| ledger::RunPreconditions {
+            run_last_seq: p.run_last_seq,
+            status: p.status,
+        }),
     };
-    let span = span(Step::ThreadStateWrite, "ledger.append", &record.binding_id);
-    let result = traced(span.clone(), state.store().append_event(&scope, &request)).await;
+    let (status, appended) = append(&state, &scope, &request).await?;
+    Ok((status, Json(appended)))
+}
+
+/// One append through the store, counted in the ledger metrics, its answer shaped.
+async fn append(
+    state: &AppState,
+    scope: &crate::domain::state::StateScope,
+    request: &AppendRequest,
+) -> Result<(StatusCode, EventAppended), ApiError> {
+    let span = span(Step::ThreadStateWrite, "ledger.append", &scope.binding_id);
+    let result = traced(span.clone(), state.store().append_event(scope, request)).await;
     let appended = match result {
         Ok(appended) => appended,
         Err(mut error) => {
@@ -1099,7 +1329,7 @@ async fn append_event(
                 // The short-circuit: hand back what the confirmed outcome recorded, so
                 // the caller returns it instead of calling the tool again.
                 if let Some(key) = error.details.get("idempotency_key").and_then(Value::as_str)
-                    && let Ok(ledger) = state.store().ledger_state(&scope).await
+                    && let Ok(ledger) = state.store().ledger_state(scope).await
                     && let Some(effect) = ledger.effects.get(key)
                 {
                     let view = effect_view(key.to_owned(), effect.clone());
@@ -1122,7 +1352,7 @@ async fn append_event(
         // A replay changed nothing: report the effect as it stands now.
         (None, Some(key)) => state
             .store()
-            .ledger_state(&scope)
+            .ledger_state(scope)
             .await?
             .effects
             .remove(&key)
@@ -1136,11 +1366,125 @@ async fn append_event(
     };
     Ok((
         status,
-        Json(EventAppended {
+        EventAppended {
             loop_detected: appended.signals.loop_detected,
             replayed: appended.replayed,
             event: appended.event.into(),
             effect,
+        },
+    ))
+}
+
+/// Begins a run with server-minted handles (`spec/003` "Stateless Run Handles").
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BeginRunBody {
+    #[schema(example = "refunds.v3", min_length = 1, max_length = 256)]
+    pub agent_id: String,
+    /// Default: the root work item's id.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 256, nullable = false)]
+    pub turn_id: Option<String>,
+    #[serde(default)]
+    pub versions: VersionsBody,
+    /// Caller-declared labels and goal stored with `RunStarted` (provenance, never
+    /// identity); the payload rules of every event apply.
+    #[serde(default = "empty_object", deserialize_with = "json_object")]
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// The handles of a begun run.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunBegun {
+    /// `run_` and 32 hex digits, minted by the server.
+    pub run_id: String,
+    /// The root work item, `wi_` and 32 hex digits; it starts `pending`.
+    pub work_item_id: String,
+    /// The `RunStarted` event (on a replay, the one recorded the first time).
+    pub event: EventView,
+    pub replayed: bool,
+}
+
+/// Begin a run: mint its id and its root work item's id, and append `RunStarted`.
+///
+/// The handles are derived from the `Idempotency-Key` with the server's key, so a
+/// retry returns the same run (`200`, `replayed: true`); the server keeps no current
+/// run: every later call names the run.
+#[utoipa::path(post, path = "/v1/bindings/{binding_id}/runs", tag = "runs",
+    params(BindingIdParam, IdempotencyHeader, FenceHeaders, SubjectParam),
+    request_body = BeginRunBody,
+    responses(
+        (status = 201, description = "Begun", body = RunBegun),
+        (status = 200, description = "An idempotent retry: the run begun the first time", body = RunBegun),
+    ))]
+async fn begin_run(
+    State(state): State<AppState>,
+    worker: WorkerAccess,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiJson(body): ApiJson<BeginRunBody>,
+) -> Result<(StatusCode, Json<RunBegun>), ApiError> {
+    let WorkerAccess { record, scope, .. } = worker;
+    let idempotency = state
+        .keyring()
+        .idempotency_digest(&record.binding_id, "ledger.begin", &key)
+        .as_str()
+        .to_owned();
+    let mut payload = body.payload;
+    if payload.get("root_work_item_id").is_some() {
+        return Err(ApiError::invalid(
+            "payload field `root_work_item_id` is minted by the server; leave it out",
+        ));
+    }
+    let mint = |prefix: &str, what: &str| {
+        state
+            .keyring()
+            .mint_handle(prefix, &scope.binding_id, scope.epoch, what, &idempotency)
+    };
+    let run_id = mint("run_", "run");
+    let work_item_id = mint("wi_", "root_work_item");
+    if let Some(map) = payload.as_object_mut() {
+        map.insert(
+            "root_work_item_id".into(),
+            Value::String(work_item_id.clone()),
+        );
+    }
+    let rules = state.ledger_budgets().rules(&record.binding_id);
+    let request = AppendRequest {
+        event: NewEvent {
+            event_type: EventType::RunStarted,
+            run_id: run_id.clone(),
+            turn_id: body.turn_id.unwrap_or_else(|| work_item_id.clone()),
+            agent_id: body.agent_id,
+            lamport: None,
+            versions: Versions {
+                reducer: String::new(),
+                schema: body.versions.schema,
+                model: body.versions.model,
+                prompt: body.versions.prompt,
+                tools: body.versions.tools,
+                policy: body.versions.policy,
+            },
+            payload,
+        },
+        idempotency: Some(idempotency.clone()),
+        expected_last_seq: None,
+        budgets: rules.budgets,
+        approval_required: false,
+        preconditions: None,
+    };
+    let (status, appended) = append(&state, &scope, &request).await?;
+    Ok((
+        status,
+        Json(RunBegun {
+            run_id,
+            work_item_id,
+            replayed: appended.replayed,
+            event: appended.event,
         }),
     ))
 }

@@ -134,6 +134,7 @@ pub async fn record_decision(
         expected_last_seq: None,
         budgets: state.ledger_budgets().rules(&scope.binding_id).budgets,
         approval_required: false,
+        preconditions: None,
     };
     let appended = state.store().append_event(scope, &request).await?;
     state.metrics().ledger().appended(&appended);

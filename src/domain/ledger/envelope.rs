@@ -23,10 +23,32 @@ pub enum EventType {
     EffectOutcomeObserved,
     HumanReviewRequested,
     HumanReviewResolved,
+    /// A superseding correction of a completed run's outcome (`spec/003_bab976795353d872.txt`
+    /// "complete_run"): the outcome head moves, `terminal_at` stays.
+    RunOutcomeCorrected,
+    /// The episode contract's work tree (`spec/003` "Event And Outcome Authority"): a child
+    /// work item under an active parent, its id minted by the server.
+    #[serde(rename = "work_item_created")]
+    WorkItemCreated,
+    /// Pending, active or blocked work becomes active (a second start is the resume path).
+    #[serde(rename = "work_item_started")]
+    WorkItemStarted,
+    #[serde(rename = "work_item_blocked")]
+    WorkItemBlocked,
+    #[serde(rename = "work_item_completed")]
+    WorkItemCompleted,
+    #[serde(rename = "work_item_failed")]
+    WorkItemFailed,
+    #[serde(rename = "work_item_abandoned")]
+    WorkItemAbandoned,
+    /// A reference to an artifact (digest, MIME type, URI, bounded metadata), never its
+    /// body; the artifact id is minted by the server.
+    #[serde(rename = "artifact_created")]
+    ArtifactCreated,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 8] = [
+    pub const ALL: [EventType; 16] = [
         EventType::RunStarted,
         EventType::RunCompleted,
         EventType::ContextAssembled,
@@ -35,6 +57,14 @@ impl EventType {
         EventType::EffectOutcomeObserved,
         EventType::HumanReviewRequested,
         EventType::HumanReviewResolved,
+        EventType::RunOutcomeCorrected,
+        EventType::WorkItemCreated,
+        EventType::WorkItemStarted,
+        EventType::WorkItemBlocked,
+        EventType::WorkItemCompleted,
+        EventType::WorkItemFailed,
+        EventType::WorkItemAbandoned,
+        EventType::ArtifactCreated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -47,11 +77,32 @@ impl EventType {
             EventType::EffectOutcomeObserved => "EffectOutcomeObserved",
             EventType::HumanReviewRequested => "HumanReviewRequested",
             EventType::HumanReviewResolved => "HumanReviewResolved",
+            EventType::RunOutcomeCorrected => "RunOutcomeCorrected",
+            EventType::WorkItemCreated => "work_item_created",
+            EventType::WorkItemStarted => "work_item_started",
+            EventType::WorkItemBlocked => "work_item_blocked",
+            EventType::WorkItemCompleted => "work_item_completed",
+            EventType::WorkItemFailed => "work_item_failed",
+            EventType::WorkItemAbandoned => "work_item_abandoned",
+            EventType::ArtifactCreated => "artifact_created",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The work-item events that move an existing item (not its creation).
+    pub fn work_item_transition(self) -> Option<super::WorkItemStatus> {
+        use super::WorkItemStatus as S;
+        match self {
+            EventType::WorkItemStarted => Some(S::Active),
+            EventType::WorkItemBlocked => Some(S::Blocked),
+            EventType::WorkItemCompleted => Some(S::Completed),
+            EventType::WorkItemFailed => Some(S::Failed),
+            EventType::WorkItemAbandoned => Some(S::Abandoned),
+            _ => None,
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::{
     EventType, INTENT_WINDOW, LOOP_THRESHOLD, LedgerEvent, NewEvent,
+    episode::{self, Episode},
     payload::{Outcome, RunOutcomeKind, Via, via_of},
 };
 use crate::domain::state::Rejection;
@@ -146,6 +147,9 @@ pub struct RunState {
     /// Memory budget utilisation (used / limit) of each `ContextAssembled`, counted in
     /// the buckets of [`UTILISATION_BUCKETS_PERMILLE`] (the last counts overruns).
     pub context_utilisation: [u64; 6],
+    /// The episode contract's work tree, artifacts and outcome head (`spec/003`).
+    #[serde(default)]
+    pub episode: Episode,
 }
 
 impl RunState {
@@ -172,6 +176,7 @@ impl RunState {
             outcomes_unknown: 0,
             human_reviews_requested: 0,
             context_utilisation: [0; 6],
+            episode: Episode::default(),
         }
     }
 }
@@ -279,10 +284,14 @@ impl LedgerState {
                     new.run_id
                 )));
             }
+            (EventType::RunOutcomeCorrected, Some(_)) => {}
             (_, Some(run)) if run.status == RunStatus::Completed => {
                 return Err(conflict(format!("run {} is completed", new.run_id)));
             }
             (_, Some(_)) => {}
+        }
+        if let Some(run) = run {
+            episode::admit(run, new)?;
         }
         let (tokens, cost_units) = usage_of(&new.payload);
         let add = TurnUsage {
@@ -540,8 +549,9 @@ impl LedgerState {
             usage.cost_units += cost_units;
             usage.irreversible += irreversible;
         }
+        episode::apply(run, event);
         match event.event_type {
-            EventType::RunCompleted => {
+            EventType::RunCompleted | EventType::RunOutcomeCorrected => {
                 run.status = RunStatus::Completed;
                 run.outcome = p
                     .get("outcome")

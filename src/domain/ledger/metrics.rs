@@ -107,11 +107,14 @@ pub fn binding_metrics(state: &LedgerState) -> BindingMetrics {
         }
         completed_cost = completed_cost.saturating_add(run.usage.cost_units);
         match run.outcome {
-            Some(RunOutcomeKind::Resolved) => m.resolved += 1,
+            Some(RunOutcomeKind::Resolved | RunOutcomeKind::VerifiedSuccess) => m.resolved += 1,
             Some(RunOutcomeKind::PartiallyResolved) => m.partially_resolved += 1,
             Some(RunOutcomeKind::HandedToHuman) => m.handed_to_human += 1,
             Some(RunOutcomeKind::Abandoned) => m.abandoned += 1,
-            Some(RunOutcomeKind::Failed) | None => m.failed += 1,
+            Some(
+                RunOutcomeKind::Failed | RunOutcomeKind::UserCorrected | RunOutcomeKind::Regression,
+            )
+            | None => m.failed += 1,
         }
     }
     let completed = m.runs - m.runs_running;

@@ -9,6 +9,7 @@
 //! ([`LedgerState::apply`]), versioned by [`REDUCER_VERSION`].
 
 mod envelope;
+pub mod episode;
 mod fold;
 mod metrics;
 mod payload;
@@ -17,13 +18,15 @@ pub use envelope::{
     EventType, LedgerEvent, NewEvent, Versions, canonical_json, event_id, intent_hash,
     request_digest,
 };
+pub use episode::{ArtifactRef, Episode, OutcomeHead, OutcomeStrength, WorkItem, WorkItemStatus};
 pub use fold::{
     Budget, Budgets, EffectRecord, EffectStatus, LedgerState, RunState, RunStatus, TurnUsage,
     UTILISATION_BUCKETS_PERMILLE,
 };
 pub use metrics::{BindingMetrics, RunMetrics, binding_metrics, run_metrics};
 pub use payload::{
-    MAX_PAYLOAD_BYTES, Outcome, RunOutcomeKind, Via, forbidden_field, validate_payload,
+    MAX_PAYLOAD_BYTES, Outcome, RUN_OUTCOMES, RunOutcomeKind, Via, forbidden_field,
+    validate_payload,
 };
 
 use serde::{Deserialize, Serialize};
@@ -53,6 +56,18 @@ pub struct AppendRequest {
     /// The event's tool has defence `none` in the binding's `SandboxProfile`: an
     /// `EffectAttempted` needs an approved human review first (§5.2).
     pub approval_required: bool,
+    /// The run-level compare-and-swap preconditions of a governed-v2 event
+    /// (`spec/003` "Event And Outcome Authority"; epoch and generation are the scope's).
+    pub preconditions: Option<RunPreconditions>,
+}
+
+/// What a governed-v2 writer asserts about the run it appends to: the run's last
+/// sequence and the status of what the event moves (the work item it names, else the
+/// run). Any mismatch refuses the append without a trace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunPreconditions {
+    pub run_last_seq: u64,
+    pub status: String,
 }
 
 /// The decided append: the event to store, the state after it, and what changed.
@@ -123,6 +138,11 @@ pub fn plan_append(
             actual: state.last_seq,
         });
     }
+    episode::check_governed(
+        state.runs.get(&new.run_id),
+        new,
+        request.preconditions.as_ref(),
+    )?;
     state.admit(new, &request.budgets, request.approval_required)?;
     let mut versions = new.versions.clone();
     versions.reducer = REDUCER_VERSION.to_owned();

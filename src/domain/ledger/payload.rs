@@ -138,7 +138,9 @@ impl Via {
     }
 }
 
-/// How a closed run ended (§8.3 taxonomy).
+/// How a closed run ended: the §8.3 taxonomy, and the episode contract's outcomes
+/// (`spec/003_bab976795353d872.txt` "complete_run": `verified_success`,
+/// `user_corrected`, `regression`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunOutcomeKind {
@@ -147,7 +149,16 @@ pub enum RunOutcomeKind {
     HandedToHuman,
     Abandoned,
     Failed,
+    /// Read as `legacy_declared` unless bound to a server-minted verification receipt.
+    VerifiedSuccess,
+    /// A person corrected the result.
+    UserCorrected,
+    /// The run undid what an earlier run achieved (`regression_of_run_id` names it).
+    Regression,
 }
+
+/// Every outcome, for error messages and schemas.
+pub const RUN_OUTCOMES: &str = "resolved, partially_resolved, handed_to_human, abandoned, failed, verified_success, user_corrected, regression";
 
 impl RunOutcomeKind {
     pub fn parse(s: &str) -> Option<Self> {
@@ -157,6 +168,9 @@ impl RunOutcomeKind {
             "handed_to_human" => Some(Self::HandedToHuman),
             "abandoned" => Some(Self::Abandoned),
             "failed" => Some(Self::Failed),
+            "verified_success" => Some(Self::VerifiedSuccess),
+            "user_corrected" => Some(Self::UserCorrected),
+            "regression" => Some(Self::Regression),
             _ => None,
         }
     }
@@ -212,6 +226,118 @@ fn optional_u64(map: &Map<String, Value>, t: EventType, name: &str) -> Result<()
     }
 }
 
+fn optional_string(
+    map: &Map<String, Value>,
+    t: EventType,
+    name: &str,
+    max: usize,
+) -> Result<(), Rejection> {
+    match map.get(name) {
+        None => Ok(()),
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= max => Ok(()),
+        Some(_) => Err(Rejection::Invalid(format!(
+            "{} payload field `{name}` must be a string of 1 to {max} bytes",
+            t.as_str()
+        ))),
+    }
+}
+
+/// Largest artifact `metadata` object, as canonical JSON.
+pub const MAX_ARTIFACT_METADATA_BYTES: usize = 4 << 10;
+
+/// Metadata keys that would carry an artifact's body inline (refused at any depth,
+/// whatever their case or punctuation): an artifact is a reference, never content.
+const INLINE_BODY_KEYS: &[&str] = &[
+    "body", "filebody", "content", "contents", "binary", "bytes", "data", "base64",
+];
+
+fn refuse_inline_bodies(value: &Value, path: &mut Vec<String>) -> Result<(), Rejection> {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                path.push(k.clone());
+                if INLINE_BODY_KEYS.contains(&normalize(k).as_str()) {
+                    return Err(Rejection::Invalid(format!(
+                        "artifact metadata field `{}` is refused: an artifact is stored by reference (sha256, mime_type, uri), never inline",
+                        path.join(".")
+                    )));
+                }
+                refuse_inline_bodies(v, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        Value::Array(items) => items.iter().try_for_each(|v| refuse_inline_bodies(v, path)),
+        _ => Ok(()),
+    }
+}
+
+/// `artifact_created`'s `artifact`: a lowercase SHA-256 of the content, a MIME type, a
+/// URI with a scheme, and optional bounded metadata without inline bodies.
+fn validate_artifact(artifact: &Value) -> Result<(), Rejection> {
+    let bad = |why: &str| Err(Rejection::Invalid(format!("artifact_created: {why}")));
+    let Value::Object(a) = artifact else {
+        return bad("`artifact` must be an object with sha256, mime_type and uri");
+    };
+    if let Some(unknown) = a
+        .keys()
+        .find(|k| !matches!(k.as_str(), "sha256" | "mime_type" | "uri" | "metadata"))
+    {
+        return bad(&format!(
+            "`artifact.{unknown}` is not a field (sha256, mime_type, uri, metadata)"
+        ));
+    }
+    let digest = a.get("sha256").and_then(Value::as_str).unwrap_or_default();
+    if digest.len() != 64
+        || !digest
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return bad("`artifact.sha256` must be 64 lowercase hex digits");
+    }
+    let mime = a
+        .get("mime_type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    let essence = mime.split(';').next().unwrap_or_default().trim();
+    match essence.split_once('/') {
+        Some((ty, sub)) if mime.len() <= 255 && token(ty) && token(sub) => {}
+        _ => return bad("`artifact.mime_type` must be a MIME type such as text/markdown"),
+    }
+    let uri = a.get("uri").and_then(Value::as_str).unwrap_or_default();
+    let scheme_ok = uri.split_once(':').is_some_and(|(scheme, rest)| {
+        !rest.is_empty()
+            && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    if !scheme_ok || uri.len() > 2048 || uri.chars().any(|c| c.is_control() || c == ' ') {
+        return bad(
+            "`artifact.uri` must be a URI with a scheme, at most 2048 bytes, without spaces or control characters",
+        );
+    }
+    if let Some(metadata) = a.get("metadata") {
+        if !metadata.is_object() {
+            return bad("`artifact.metadata` must be an object");
+        }
+        if super::canonical_json(metadata).len() > MAX_ARTIFACT_METADATA_BYTES {
+            return Err(Rejection::TooLarge {
+                what: "artifact metadata",
+                size: super::canonical_json(metadata).len() as u64,
+                limit: MAX_ARTIFACT_METADATA_BYTES as u64,
+            });
+        }
+        refuse_inline_bodies(metadata, &mut vec!["artifact".into(), "metadata".into()])?;
+    }
+    Ok(())
+}
+
 /// The whole payload check: an object, within the bound, no forbidden field at any
 /// depth, and the fields its type needs.
 pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> {
@@ -242,15 +368,27 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
     }
     match t {
         EventType::RunStarted | EventType::ContextAssembled => Ok(()),
-        EventType::RunCompleted => {
-            one_of(
-                map,
-                t,
-                "outcome",
-                RunOutcomeKind::parse,
-                "resolved, partially_resolved, handed_to_human, abandoned, failed",
-            )?;
-            Ok(())
+        EventType::RunCompleted | EventType::RunOutcomeCorrected => {
+            one_of(map, t, "outcome", RunOutcomeKind::parse, RUN_OUTCOMES)?;
+            optional_string(map, t, "regression_of_run_id", 256)?;
+            optional_string(map, t, "reason", 4096)
+        }
+        EventType::WorkItemCreated => {
+            string_field(map, t, "work_item_id")?;
+            string_field(map, t, "parent_work_item_id")?;
+            optional_string(map, t, "title", 1024)
+        }
+        EventType::WorkItemStarted
+        | EventType::WorkItemBlocked
+        | EventType::WorkItemCompleted
+        | EventType::WorkItemFailed
+        | EventType::WorkItemAbandoned => {
+            string_field(map, t, "work_item_id")?;
+            optional_string(map, t, "reason", 4096)
+        }
+        EventType::ArtifactCreated => {
+            string_field(map, t, "artifact_id")?;
+            validate_artifact(field(map, t, "artifact")?)
         }
         EventType::GuardrailEvaluated => {
             string_field(map, t, "guardrail")?;

@@ -883,3 +883,351 @@ fn derived_metrics_follow_the_runs() {
     assert_eq!(binding.cost_per_resolved_outcome, Some(8.0));
     assert_eq!(binding.cost_per_attempted_outcome, Some(4.0));
 }
+
+// ---------------------------------------------------------------------------------------
+// The episode contract (spec/003): work items, artifacts, outcome head and corrections.
+
+fn begun() -> LedgerState {
+    let mut s = LedgerState::default();
+    push(
+        &mut s,
+        new(
+            EventType::RunStarted,
+            "run-1",
+            "t1",
+            json!({"root_work_item_id": "wi_root"}),
+        ),
+    );
+    s
+}
+
+fn item(t: EventType, id: &str) -> NewEvent {
+    new(t, "run-1", "t1", json!({"work_item_id": id}))
+}
+
+fn status_of(s: &LedgerState, id: &str) -> WorkItemStatus {
+    s.runs["run-1"].episode.work_items[id].status
+}
+
+#[test]
+fn work_items_move_only_along_the_state_machine() {
+    let mut s = begun();
+    assert_eq!(status_of(&s, "wi_root"), WorkItemStatus::Pending);
+    // pending -> completed skips the start: refused, nothing appended.
+    let before = s.clone();
+    let err = try_push(
+        &mut s,
+        item(EventType::WorkItemCompleted, "wi_root"),
+        Budgets::default(),
+    )
+    .expect_err("pending cannot complete");
+    assert_eq!(err.code(), "conflict");
+    assert_eq!(s, before, "a refusal changes nothing");
+    push(&mut s, item(EventType::WorkItemStarted, "wi_root"));
+    push(&mut s, item(EventType::WorkItemBlocked, "wi_root"));
+    // blocked -> blocked is not a move.
+    let err = try_push(
+        &mut s,
+        item(EventType::WorkItemBlocked, "wi_root"),
+        Budgets::default(),
+    )
+    .expect_err("blocked twice");
+    assert!(err.to_string().contains("blocked"), "{err}");
+    // A second start is the resume path.
+    push(&mut s, item(EventType::WorkItemStarted, "wi_root"));
+    push(&mut s, item(EventType::WorkItemStarted, "wi_root"));
+    push(&mut s, item(EventType::WorkItemCompleted, "wi_root"));
+    for t in [
+        EventType::WorkItemStarted,
+        EventType::WorkItemBlocked,
+        EventType::WorkItemFailed,
+        EventType::WorkItemAbandoned,
+    ] {
+        let err = try_push(&mut s, item(t, "wi_root"), Budgets::default())
+            .expect_err("a terminal item never reopens");
+        assert!(err.to_string().contains("never reopened"), "{err}");
+    }
+    let err = try_push(
+        &mut s,
+        item(EventType::WorkItemStarted, "wi_nope"),
+        Budgets::default(),
+    )
+    .expect_err("unknown item");
+    assert_eq!(err.code(), "not_found");
+}
+
+#[test]
+fn a_child_needs_an_active_parent_and_the_run_needs_every_item_terminal() {
+    let mut s = begun();
+    let child = |id: &str, parent: &str| {
+        new(
+            EventType::WorkItemCreated,
+            "run-1",
+            "t1",
+            json!({"work_item_id": id, "parent_work_item_id": parent}),
+        )
+    };
+    let err = try_push(&mut s, child("wi_c1", "wi_root"), Budgets::default())
+        .expect_err("the root is pending");
+    assert!(err.to_string().contains("active parent"), "{err}");
+    push(&mut s, item(EventType::WorkItemStarted, "wi_root"));
+    push(&mut s, child("wi_c1", "wi_root"));
+    assert_eq!(
+        s.runs["run-1"].episode.work_items["wi_c1"]
+            .parent
+            .as_deref(),
+        Some("wi_root")
+    );
+    let err =
+        try_push(&mut s, child("wi_c1", "wi_root"), Budgets::default()).expect_err("same id twice");
+    assert_eq!(err.code(), "conflict");
+    push(&mut s, item(EventType::WorkItemCompleted, "wi_root"));
+    let done = new(
+        EventType::RunCompleted,
+        "run-1",
+        "t1",
+        json!({"outcome": "resolved"}),
+    );
+    let err =
+        try_push(&mut s, done.clone(), Budgets::default()).expect_err("the child is still pending");
+    assert!(err.to_string().contains("wi_c1"), "{err}");
+    // A pending child that never started is abandoned explicitly.
+    push(&mut s, item(EventType::WorkItemAbandoned, "wi_c1"));
+    push(&mut s, done);
+    assert_eq!(s.runs["run-1"].status, RunStatus::Completed);
+}
+
+#[test]
+fn a_correction_moves_the_outcome_head_but_never_terminal_at() {
+    let mut s = begun();
+    push(&mut s, item(EventType::WorkItemAbandoned, "wi_root"));
+    let correct = |outcome: Value| new(EventType::RunOutcomeCorrected, "run-1", "t1", outcome);
+    let err = try_push(
+        &mut s,
+        correct(json!({"outcome": "failed"})),
+        Budgets::default(),
+    )
+    .expect_err("nothing to correct yet");
+    assert!(err.to_string().contains("no outcome"), "{err}");
+    let mut plan_at = |state: &mut LedgerState, event: NewEvent, now: i64| {
+        let request = AppendRequest {
+            event,
+            ..AppendRequest::default()
+        };
+        let id = event_id(now, 1);
+        let plan = plan_append(state, &request, "b1", 0, id, now).expect("append");
+        *state = plan.state;
+    };
+    plan_at(
+        &mut s,
+        new(
+            EventType::RunCompleted,
+            "run-1",
+            "t1",
+            json!({"outcome": "verified_success"}),
+        ),
+        5_000,
+    );
+    let ep = &s.runs["run-1"].episode;
+    assert_eq!(ep.terminal_at_ms, Some(5_000));
+    let head = ep.outcome_head.clone().expect("head");
+    assert_eq!(
+        (head.outcome, head.strength),
+        (
+            RunOutcomeKind::VerifiedSuccess,
+            OutcomeStrength::LegacyDeclared
+        ),
+        "a v1 verified_success reads as legacy_declared"
+    );
+    // Anything but a correction is refused on a completed run.
+    let err = try_push(
+        &mut s,
+        new(EventType::ContextAssembled, "run-1", "t1", json!({})),
+        Budgets::default(),
+    )
+    .expect_err("completed");
+    assert!(err.to_string().contains("completed"), "{err}");
+    // regression_of_run_id if and only if the outcome is a regression.
+    for (bad, needle) in [
+        (json!({"outcome": "regression"}), "names the run"),
+        (
+            json!({"outcome": "failed", "regression_of_run_id": "run-0"}),
+            "only with the outcome `regression`",
+        ),
+        (
+            json!({"outcome": "regression", "regression_of_run_id": "run-1"}),
+            "itself",
+        ),
+    ] {
+        let err = try_push(&mut s, correct(bad), Budgets::default()).expect_err("refused");
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+    plan_at(
+        &mut s,
+        correct(json!({"outcome": "regression", "regression_of_run_id": "run-0"})),
+        9_000,
+    );
+    let run = &s.runs["run-1"];
+    let head = run.episode.outcome_head.clone().expect("head");
+    assert_eq!(
+        (
+            run.episode.terminal_at_ms,
+            run.episode.current_outcome_updated_at_ms
+        ),
+        (Some(5_000), Some(9_000)),
+        "terminal_at stays, the head's time moves"
+    );
+    assert_eq!(
+        (
+            head.outcome,
+            head.corrections,
+            head.regression_of_run_id.as_deref()
+        ),
+        (RunOutcomeKind::Regression, 1, Some("run-0"))
+    );
+    assert_eq!(run.outcome, Some(RunOutcomeKind::Regression));
+}
+
+#[test]
+fn governed_v2_events_need_preconditions_that_hold() {
+    let mut s = begun();
+    let governed = |t: EventType| {
+        let mut e = item(t, "wi_root");
+        e.versions.schema = format!("{}/2", t.as_str());
+        e
+    };
+    let with = |e: NewEvent, pre: Option<(u64, &str)>| AppendRequest {
+        event: e,
+        preconditions: pre.map(|(seq, status)| RunPreconditions {
+            run_last_seq: seq,
+            status: status.into(),
+        }),
+        ..AppendRequest::default()
+    };
+    let plan = |s: &LedgerState, r: &AppendRequest| {
+        plan_append(s, r, "b1", 0, event_id(1, 1), 1).map(|p| p.state)
+    };
+    let err =
+        plan(&s, &with(governed(EventType::WorkItemStarted), None)).expect_err("no preconditions");
+    assert!(err.to_string().contains("preconditions"), "{err}");
+    let err = plan(
+        &s,
+        &with(governed(EventType::WorkItemStarted), Some((0, "pending"))),
+    )
+    .expect_err("stale sequence");
+    assert_eq!(err.code(), "sequence_conflict");
+    let err = plan(
+        &s,
+        &with(governed(EventType::WorkItemStarted), Some((1, "active"))),
+    )
+    .expect_err("stale status");
+    assert!(err.to_string().contains("precondition failed"), "{err}");
+    s = plan(
+        &s,
+        &with(governed(EventType::WorkItemStarted), Some((1, "pending"))),
+    )
+    .expect("holds");
+    assert_eq!(status_of(&s, "wi_root"), WorkItemStatus::Active);
+    s = plan(
+        &s,
+        &with(governed(EventType::WorkItemCompleted), Some((2, "active"))),
+    )
+    .expect("holds");
+    let mut done = new(
+        EventType::RunCompleted,
+        "run-1",
+        "t1",
+        json!({"outcome": "verified_success"}),
+    );
+    done.versions.schema = "RunCompleted/2".into();
+    let err = plan(&s, &with(done, Some((3, "running")))).expect_err("no receipt");
+    assert!(err.to_string().contains("receipt"), "{err}");
+}
+
+#[test]
+fn artifacts_are_references_never_bodies() {
+    let mut s = begun();
+    let art = |artifact: Value| {
+        new(
+            EventType::ArtifactCreated,
+            "run-1",
+            "t1",
+            json!({"artifact_id": "art_1", "artifact": artifact}),
+        )
+    };
+    let digest = "a".repeat(64);
+    for (bad, needle) in [
+        (
+            json!({"sha256": "A".repeat(64), "mime_type": "text/plain", "uri": "s3://b/k"}),
+            "lowercase hex",
+        ),
+        (
+            json!({"sha256": digest, "mime_type": "text", "uri": "s3://b/k"}),
+            "MIME type",
+        ),
+        (
+            json!({"sha256": digest, "mime_type": "text/plain", "uri": "no scheme"}),
+            "URI",
+        ),
+        (
+            json!({"sha256": digest, "mime_type": "text/plain", "uri": "s3://b/k", "metadata": {"pages": 3, "x": {"file_body": "..."}}}),
+            "artifact.metadata.x.file_body",
+        ),
+        (
+            json!({"sha256": digest, "mime_type": "text/plain", "uri": "s3://b/k", "metadata": {"fileBody": "..."}}),
+            "fileBody",
+        ),
+        (
+            json!({"sha256": digest, "mime_type": "text/plain", "uri": "s3://b/k", "body": "inline"}),
+            "not a field",
+        ),
+    ] {
+        let err = try_push(&mut s, art(bad), Budgets::default()).expect_err("refused");
+        assert!(err.to_string().contains(needle), "{needle}: {err}");
+    }
+    push(
+        &mut s,
+        art(
+            json!({"sha256": digest, "mime_type": "text/markdown; charset=utf-8", "uri": "s3://reports/r-1.md", "metadata": {"pages": 3}}),
+        ),
+    );
+    let a = &s.runs["run-1"].episode.artifacts["art_1"];
+    assert_eq!((a.uri.as_str(), a.seq), ("s3://reports/r-1.md", 2));
+    let err = try_push(
+        &mut s,
+        art(json!({"sha256": digest, "mime_type": "text/plain", "uri": "s3://b/k"})),
+        Budgets::default(),
+    )
+    .expect_err("same id twice");
+    assert_eq!(err.code(), "conflict");
+}
+
+#[test]
+fn episode_state_replays_from_the_events() {
+    let mut s = begun();
+    let mut events = vec![];
+    for e in [
+        item(EventType::WorkItemStarted, "wi_root"),
+        new(
+            EventType::WorkItemCreated,
+            "run-1",
+            "t1",
+            json!({"work_item_id": "wi_c", "parent_work_item_id": "wi_root"}),
+        ),
+        item(EventType::WorkItemAbandoned, "wi_c"),
+        item(EventType::WorkItemCompleted, "wi_root"),
+        new(
+            EventType::RunCompleted,
+            "run-1",
+            "t1",
+            json!({"outcome": "resolved"}),
+        ),
+    ] {
+        events.push(push(&mut s, e));
+    }
+    let mut replayed = begun();
+    for e in &events {
+        replayed.apply(e);
+    }
+    assert_eq!(replayed, s);
+}
