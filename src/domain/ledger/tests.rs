@@ -1009,7 +1009,7 @@ fn a_correction_moves_the_outcome_head_but_never_terminal_at() {
     )
     .expect_err("nothing to correct yet");
     assert!(err.to_string().contains("no outcome"), "{err}");
-    let mut plan_at = |state: &mut LedgerState, event: NewEvent, now: i64| {
+    let plan_at = |state: &mut LedgerState, event: NewEvent, now: i64| {
         let request = AppendRequest {
             event,
             ..AppendRequest::default()
