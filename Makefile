@@ -6,7 +6,7 @@ CARGO ?= cargo
 TEST_TIMEOUT ?= 2400
 E2E := e2e/scripts
 
-.PHONY: kind-e2e all build test lint fmt crds openapi unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
+.PHONY: kind-e2e all build test lint fmt crds openapi mcp-tools unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -45,6 +45,10 @@ crds:
 ## openapi: regenerate docs/openapi.json from the code (a test fails when it drifts).
 openapi:
 	$(CARGO) run --locked --quiet -- openapi --out docs/openapi.json
+
+## mcp-tools: the MCP tool list and schema digest (docs/mcp-tools.json; a test compares).
+mcp-tools:
+	$(CARGO) run --locked --quiet -- mcp-tools --out docs/mcp-tools.json
 
 ## unit: tests that need no control plane.
 unit:

@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod domain;
+pub mod mcp;
 pub mod operator;
 pub mod server;
 pub mod store;

@@ -40,6 +40,13 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
+    /// Print the MCP tool list (the 17 tools, their schemas and the schema digest) as
+    /// JSON, or write it to a file (`docs/mcp-tools.json`).
+    McpTools {
+        /// Write the list here instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// Print the CustomResourceDefinitions as YAML, or write one file per CRD.
     Crds {
         /// Write `<group>_<plural>.yaml` files into this directory instead of printing.
@@ -337,6 +344,15 @@ fn main() -> anyhow::Result<()> {
         Command::Operator(args) => operator(*args)?,
         Command::Openapi { out } => {
             let json = server::openapi::to_json(&server::openapi::document());
+            match out {
+                Some(path) => {
+                    fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?
+                }
+                None => print!("{json}"),
+            }
+        }
+        Command::McpTools { out } => {
+            let json = harness_engine::mcp::catalog::to_json();
             match out {
                 Some(path) => {
                     fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?
