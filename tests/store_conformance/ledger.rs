@@ -619,3 +619,135 @@ pub async fn ledger_concurrent_appends_have_no_gaps<S: Store + ?Sized>(store: &S
         "Lamport strictly increases"
     );
 }
+
+/// The episode contract (`spec/003` "Event And Outcome Authority") on every backend:
+/// the work tree, an illegal move and a stale governed-v2 precondition refused with the
+/// same codes and nothing appended, a correction that keeps `terminal_at_ms`, and the
+/// stored head equal to the events folded again (new fields survive the backend's
+/// encoding of the head).
+pub async fn ledger_episode_work_tree_and_corrections<S: Store + ?Sized>(store: &S) {
+    use harness_engine::domain::ledger::{RunPreconditions, WorkItemStatus};
+    let (_, scope) = new_binding(store, "ledger-episode").await;
+    let ev = |t: EventType, payload: Value| event(t, "run_e", "t1", payload);
+    append(
+        store,
+        &scope,
+        &request(ev(
+            EventType::RunStarted,
+            json!({"root_work_item_id": "wi_root"}),
+        )),
+    )
+    .await;
+    let refused = store
+        .append_event(
+            &scope,
+            &request(ev(
+                EventType::WorkItemCompleted,
+                json!({"work_item_id": "wi_root"}),
+            )),
+        )
+        .await;
+    assert_eq!(code(refused), "conflict");
+    for (t, payload) in [
+        (
+            EventType::WorkItemStarted,
+            json!({"work_item_id": "wi_root"}),
+        ),
+        (
+            EventType::WorkItemCreated,
+            json!({"work_item_id": "wi_child", "parent_work_item_id": "wi_root"}),
+        ),
+        (
+            EventType::ArtifactCreated,
+            json!({"artifact_id": "art_1", "artifact": {"sha256": "c".repeat(64), "mime_type": "application/pdf", "uri": "https://files.example/r.pdf", "metadata": {"pages": 2}}}),
+        ),
+    ] {
+        append(store, &scope, &request(ev(t, payload))).await;
+    }
+    let mut governed = ev(
+        EventType::WorkItemStarted,
+        json!({"work_item_id": "wi_child"}),
+    );
+    governed.versions.schema = "work_item_started/2".into();
+    let stale = AppendRequest {
+        event: governed.clone(),
+        preconditions: Some(RunPreconditions {
+            run_last_seq: 3,
+            status: "pending".into(),
+        }),
+        ..AppendRequest::default()
+    };
+    let err = store.append_event(&scope, &stale).await;
+    assert_eq!(code(err), "sequence_conflict");
+    assert_eq!(store.ledger_state(&scope).await.expect("state").last_seq, 4);
+    append(
+        store,
+        &scope,
+        &AppendRequest {
+            event: governed,
+            preconditions: Some(RunPreconditions {
+                run_last_seq: 4,
+                status: "pending".into(),
+            }),
+            ..AppendRequest::default()
+        },
+    )
+    .await;
+    for (t, payload) in [
+        (
+            EventType::WorkItemFailed,
+            json!({"work_item_id": "wi_child"}),
+        ),
+        (
+            EventType::WorkItemCompleted,
+            json!({"work_item_id": "wi_root"}),
+        ),
+        (EventType::RunCompleted, json!({"outcome": "resolved"})),
+    ] {
+        append(store, &scope, &request(ev(t, payload))).await;
+    }
+    let completed = store.ledger_state(&scope).await.expect("state");
+    let terminal_at = completed.runs["run_e"].episode.terminal_at_ms;
+    assert!(terminal_at.is_some());
+    let reopen = store
+        .append_event(
+            &scope,
+            &request(ev(
+                EventType::WorkItemStarted,
+                json!({"work_item_id": "wi_child"}),
+            )),
+        )
+        .await;
+    assert_eq!(code(reopen), "conflict");
+    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    append(
+        store,
+        &scope,
+        &request(ev(
+            EventType::RunOutcomeCorrected,
+            json!({"outcome": "regression", "regression_of_run_id": "run_0"}),
+        )),
+    )
+    .await;
+    let head = store.ledger_state(&scope).await.expect("state");
+    let episode = &head.runs["run_e"].episode;
+    assert_eq!(
+        episode.terminal_at_ms, terminal_at,
+        "a correction keeps terminal_at"
+    );
+    assert!(episode.current_outcome_updated_at_ms > terminal_at);
+    assert_eq!(
+        episode.work_items["wi_child"].status,
+        WorkItemStatus::Failed
+    );
+    assert_eq!(episode.artifacts["art_1"].mime_type, "application/pdf");
+    let events = store
+        .ledger_events(&scope, None, 0, 1000)
+        .await
+        .expect("events");
+    assert_eq!(
+        LedgerState::replay(&events),
+        head,
+        "the stored head is the events folded again"
+    );
+}

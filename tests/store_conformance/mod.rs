@@ -1629,6 +1629,7 @@ pub const CASES: &[&str] = &[
     "ledger_approval_gates_tools_without_defence",
     "ledger_run_read_replays_and_snapshots",
     "ledger_concurrent_appends_have_no_gaps",
+    "ledger_episode_work_tree_and_corrections",
 ];
 
 /// Declares one `#[tokio::test]` per case for a backend. `$open` is an async expression
@@ -1672,11 +1673,12 @@ macro_rules! conformance_tests {
             ledger_budgets_trip,
             ledger_approval_gates_tools_without_defence,
             ledger_run_read_replays_and_snapshots,
-            ledger_concurrent_appends_have_no_gaps
+            ledger_concurrent_appends_have_no_gaps,
+            ledger_episode_work_tree_and_corrections
         );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 26, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 27, "add new cases to conformance_tests!");
         }
     };
     (@ledger $open:expr, $close:expr; $($case:ident),+) => {
