@@ -34,6 +34,10 @@ enum Command {
     /// (leader only), the admission webhook and the data plane (every replica), against
     /// the cluster of the current kubeconfig or in-cluster config.
     Operator(Box<OperatorArgs>),
+    /// Serve the MCP tools (docs/mcp.md) to one local agent over stdin and stdout, on
+    /// the same data directory and store as `serve` (Streamable HTTP is at `/mcp` of
+    /// `serve` and of the operator). Logs go to stderr; stdout is the protocol.
+    Mcp(Box<McpArgs>),
     /// Print the OpenAPI document of the data-plane API (JSON), or write it to a file.
     Openapi {
         /// Write the document here instead of printing it.
@@ -70,6 +74,24 @@ enum Command {
     SubjectRef(SubjectRefArgs),
     /// Print the version.
     Version,
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// Speak MCP on stdin and stdout (required: the one transport of this command).
+    #[arg(long)]
+    stdio: bool,
+    /// Agent id of the conversations a workspace name binds (a workspace key that is
+    /// not a binding id names a conversation of the local principal).
+    #[arg(long, default_value = "mcp")]
+    agent: String,
+    /// Harness of those conversations.
+    #[arg(long, default_value = "claude_agent_sdk")]
+    harness: String,
+    /// The store, data directory, identity and policies: as `serve` (its listen
+    /// addresses are not used here).
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 #[derive(Args)]
@@ -342,6 +364,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(*args)?,
         Command::Operator(args) => operator(*args)?,
+        Command::Mcp(args) => mcp_stdio(*args)?,
         Command::Openapi { out } => {
             let json = server::openapi::to_json(&server::openapi::document());
             match out {
@@ -466,7 +489,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             writeln!(out, "token: {token}")?;
         }
         writeln!(out, "telemetry: {} (trace ingress: {})", telemetry.describe(), args.trace_ingress)?;
-        writeln!(out, "api: http://{api_addr} (OpenAPI document at /openapi.json)")?;
+        writeln!(out, "api: http://{api_addr} (OpenAPI document at /openapi.json, MCP at /mcp)")?;
         writeln!(out, "admin: http://{admin_addr} (/live /ready /metrics)")?;
         out.flush()?;
         drop(out);
@@ -480,11 +503,99 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 Duration::from_secs(10),
             ));
         }
-        server::serve(state, api, admin, shutdown_signal()).await.context("serving")?;
+        let router = harness_engine::mcp::with_mcp(state.clone(), server::app(state.clone()));
+        server::serve_app(state, router, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
         Ok(())
     });
     // Flush queued spans outside the async runtime (shutdown blocks on the last export).
+    telemetry.shutdown();
+    served
+}
+
+fn mcp_stdio(args: McpArgs) -> anyhow::Result<()> {
+    if !args.stdio {
+        anyhow::bail!(
+            "harness-engine mcp serves stdio only: pass --stdio (Streamable HTTP is at /mcp of `serve` and of the operator)"
+        );
+    }
+    let serve_args = args.serve;
+    let telemetry = telemetry::init_with_logs(Some(harness_engine::operator::logging::layer(
+        harness_engine::operator::logging::LogFormat::Text,
+    )))
+    .context("starting telemetry (OTEL_* settings)")?;
+    let mut setup = local::prepare(
+        serve_args.data_dir,
+        serve_args.tokens_file,
+        serve_args.identity_key_file,
+        &serve_args.environment,
+    )
+    .context("preparing the data directory")?;
+    // The local agent is the local principal, with a token that exists only in this
+    // process: it authenticates like any caller, and owns the same bindings as `serve`'s.
+    let token = setup
+        .tokens
+        .add_ephemeral(local::LOCAL_PRINCIPAL, &[local::LOCAL_SUBJECT.to_owned()])
+        .context("minting the local agent's token")?;
+    let mut limits = Limits::default();
+    if let Some(rate) = serve_args.writes_per_second {
+        limits.writes_per_second = rate;
+    }
+    if let Some(burst) = serve_args.write_burst {
+        limits.write_burst = burst;
+    }
+    let memory = server::memory_config::load(
+        serve_args.memory_config.as_deref(),
+        &serve_args.memory_policies,
+    )
+    .context("loading memory policy")?;
+    let mut config = ServerConfig::new(limits.clone());
+    config.request_timeout = Duration::from_millis(serve_args.request_timeout_ms.max(1));
+    config.trace_ingress = serve_args.trace_ingress;
+    serve_args.budgets.apply(&mut config.ledger_budgets);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let named = harness_engine::mcp::NamedWorkspaces {
+        agent_id: args.agent,
+        harness: args.harness,
+    };
+    let served = runtime.block_on(async move {
+        let store: Arc<dyn Store> = match &serve_args.mongodb_uri {
+            Some(uri) => Arc::new(
+                harness_engine::store::mongo::MongoStore::connect(
+                    uri,
+                    &serve_args.mongodb_database,
+                    limits,
+                )
+                .await
+                .context("connecting to MongoDB")?,
+            ),
+            None => Arc::new(
+                SqliteStore::open(&setup.database, limits)
+                    .await
+                    .with_context(|| format!("opening {}", setup.database.display()))?,
+            ),
+        };
+        let state = AppState::new(store, setup.keyring, Arc::new(setup.tokens), config);
+        state.memory_policies().replace(memory);
+        eprintln!(
+            "harness-engine mcp {}: stdio, data directory {}",
+            env!("CARGO_PKG_VERSION"),
+            setup.data_dir.display()
+        );
+        if let Some(created) = &setup.created_token {
+            // This start created the token file: its token is shown once, here, for
+            // `serve` on the same directory later (stdout is the protocol).
+            eprintln!(
+                "token file {} created; token for principal {:?} (shown once): {created}",
+                setup.tokens_file.display(),
+                local::LOCAL_PRINCIPAL
+            );
+        }
+        harness_engine::mcp::serve_stdio(server::app(state), &token, named).await
+    });
     telemetry.shutdown();
     served
 }
@@ -637,7 +748,14 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             args.namespace.clone(),
             state.ledger_budgets().clone(),
         ));
-        let data_plane = tokio::spawn(server::serve(state, api, admin_listener, stopped()));
+        let router = harness_engine::mcp::with_mcp(state.clone(), server::app(state.clone()));
+        let data_plane = tokio::spawn(server::serve_app(
+            state,
+            router,
+            api,
+            admin_listener,
+            stopped(),
+        ));
         let managed_certs = match &args.webhook_certs_secret {
             Some(secret) => Some(Arc::new(operator::webhook_certs::CertConfig {
                 namespace: std::env::var("POD_NAMESPACE")

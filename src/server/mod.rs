@@ -234,13 +234,25 @@ pub async fn serve(
     admin: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let router = app(state.clone());
+    serve_app(state, router, api, admin, shutdown).await
+}
+
+/// [`serve`] with the API port's router given (the binary adds `/mcp` to [`app`]).
+pub async fn serve_app(
+    state: AppState,
+    router: Router,
+    api: TcpListener,
+    admin: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         // A closed channel also means stop.
         let _ = rx.wait_for(|stop| *stop).await;
     };
     // Our own connection loop, so the HTTP parser's refusals carry the error body too.
-    let api_server = conn::serve_api(api, app(state.clone()), wait(stop_rx.clone()));
+    let api_server = conn::serve_api(api, router, wait(stop_rx.clone()));
     let admin_server =
         axum::serve(admin, admin::router(state)).with_graceful_shutdown(wait(stop_rx));
     let trigger = async move {

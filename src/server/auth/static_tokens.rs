@@ -142,6 +142,28 @@ impl StaticTokens {
         Ok(StaticTokens { by_digest })
     }
 
+    /// Adds a principal with a fresh token that exists only in this process (never in
+    /// the token file), and returns the token: how an in-process client of the local
+    /// store (`harness-engine mcp --stdio`) authenticates like any other caller.
+    pub fn add_ephemeral(
+        &mut self,
+        principal: &str,
+        subjects: &[String],
+    ) -> Result<String, TokenFileError> {
+        let token = generate_token()?;
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(token_digest_hex(&token), &mut digest)
+            .map_err(|_| TokenFileError::Random("the token digest is not 64 hex digits".into()))?;
+        self.by_digest.insert(
+            digest,
+            Caller::Principal {
+                name: principal.to_owned(),
+                subjects: Arc::new(subjects.to_vec()),
+            },
+        );
+        Ok(token)
+    }
+
     /// Creates a token file with one principal and a fresh token; returns the raw token,
     /// which exists nowhere else afterwards. Refuses to overwrite an existing file.
     pub fn create_file(
