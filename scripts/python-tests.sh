@@ -90,7 +90,7 @@ start_serve sqlite
 log "serve at $api (data $data); running the Python suites with $("$python_venv" --version)"
 run_suites sqlite "$repo/clients/python/tests" "$@"
 
-# Pass 2: the effect, refund and fencing suites on MongoDB: FerretDB (built with the
+# Pass 2: the effect, refund, fencing and MCP suites on MongoDB: FerretDB (built with the
 # control plane by e2e/scripts/build.sh, SQLite underneath) on free ports of its own.
 # PYTHON_TESTS_MONGODB=0 skips it.
 if [[ ${PYTHON_TESTS_MONGODB:-1} != 0 ]]; then
@@ -110,12 +110,13 @@ if [[ ${PYTHON_TESTS_MONGODB:-1} != 0 ]]; then
   done
   mongo_uri="mongodb://127.0.0.1:$mongo_port/"
   start_serve mongodb --mongodb-uri "$mongo_uri" --mongodb-database harness_engine_python
-  log "serve at $api on FerretDB ($mongo_uri); the effect, refund and fencing suites again"
+  log "serve at $api on FerretDB ($mongo_uri); the effect, refund, fencing and MCP suites again"
   HARNESS_ENGINE_TEST_MONGODB_URI=$mongo_uri HARNESS_ENGINE_TEST_MONGODB_DATABASE=harness_engine_python \
     run_suites mongodb \
     "$repo/clients/python/tests/test_effects.py" \
     "$repo/clients/python/tests/test_langgraph_effects.py" \
     "$repo/clients/python/tests/test_refund_e2e.py" \
-    "$repo/clients/python/tests/test_langgraph_fencing.py" "$@"
+    "$repo/clients/python/tests/test_langgraph_fencing.py" \
+    "$repo/clients/python/tests/test_mcp.py" "$@"
 fi
 exit "$status"

@@ -366,12 +366,17 @@ impl HarnessMcp {
                 "`workspace_key` must be a binding id (hb_ and 32 hex digits) the caller may use; bind a conversation with POST /v1/bindings first",
             ));
         };
+        // A bind is create-or-get; its idempotency key is the workspace's name.
+        let mut headers = base.clone();
+        let bind_key = HeaderValue::from_str(&format!("mcp-workspace:{key}"))
+            .map_err(|_| invalid("`workspace_key` must be printable ASCII"))?;
+        headers.insert(HeaderName::from_static("idempotency-key"), bind_key);
         let (status, bound) = self
             .v1
             .call(
                 Method::POST,
                 "/v1/bindings",
-                base,
+                &headers,
                 Some(&json!({"agent_id": named.agent_id, "conversation_id": key, "harness": named.harness})),
             )
             .await
