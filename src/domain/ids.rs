@@ -126,6 +126,21 @@ impl Keyring {
         format!("mn_{}", hex::encode(self.mac("memory-namespace/v1", &all)))
     }
 
+    /// A keyed signature of `bytes` in a domain of its own (recall receipts).
+    pub fn sign(&self, domain: &str, bytes: &[u8]) -> [u8; 32] {
+        self.mac(domain, &[bytes])
+    }
+
+    /// Whether `mac` is [`Self::sign`] of `bytes`, compared in constant time.
+    pub fn verify(&self, domain: &str, bytes: &[u8], mac: &[u8; 32]) -> bool {
+        let expected = self.sign(domain, bytes);
+        expected
+            .iter()
+            .zip(mac.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
     /// A server-minted handle (run, work item, artifact: `spec/003_bab976795353d872.txt`
     /// "Stateless Run Handles"): `prefix` and 32 hex digits of a keyed digest of the
     /// binding, its epoch, what is minted and the request's idempotency digest. 128 bits

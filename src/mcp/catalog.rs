@@ -358,7 +358,7 @@ pub fn tools() -> Vec<ToolSpec> {
         t(
             "record_run_event",
             "Record a run event",
-            "Append one event to a run: work items (work_item_created under an active parent, work_item_started, _blocked, _completed, _failed, _abandoned), artifact_created (a reference: sha256, mime_type, uri), effects and reviews (EffectAttempted, EffectOutcomeObserved, HumanReviewRequested), guardrails and context reports. Version-1 events or governed-v2 events, which carry epoch, generation, the run's last sequence and the expected status, and are refused without an append when any is stale. Payloads are bounded to 32 KiB; raw transcripts and hidden reasoning are refused.",
+            "Append one event to a run: work items (work_item_created under an active parent, work_item_started, _blocked, _completed, _failed, _abandoned), artifact_created (a reference: sha256, mime_type, uri), memory attribution (memory_recalled with memory_attribution {receipt, selected: [{memory_id, rank}]} from a recall's signed receipt; memory_applied and memory_rejected with {source: {recalled_seq, memory_id, rank}} or {manual: {memory_id, exact_content_version}}), effects and reviews (EffectAttempted, EffectOutcomeObserved, HumanReviewRequested), guardrails and context reports. Version-1 events or governed-v2 events, which carry epoch, generation, the run's last sequence and the expected status, and are refused without an append when any is stale. Payloads are bounded to 32 KiB; raw transcripts and hidden reasoning are refused.",
             object(
                 json!({
                     "workspace_key": workspace(),
@@ -367,7 +367,8 @@ pub fn tools() -> Vec<ToolSpec> {
                     "type": {"type": "string", "enum": [
                         "work_item_created", "work_item_started", "work_item_blocked",
                         "work_item_completed", "work_item_failed", "work_item_abandoned",
-                        "artifact_created", "ContextAssembled", "GuardrailEvaluated",
+                        "artifact_created", "memory_recalled", "memory_applied",
+                        "memory_rejected", "ContextAssembled", "GuardrailEvaluated",
                         "EffectAttempted", "EffectOutcomeObserved", "HumanReviewRequested"
                     ]},
                     "payload": {"type": "object", "description": "The type's fields (docs/ledger.md \"Vocabulary\")."},

@@ -353,11 +353,7 @@ impl HarnessMcp {
 
     /// The binding a workspace key names: a binding id as it is, or (stdio) the local
     /// principal's conversation of that name, bound on first use.
-    async fn resolve_workspace(
-        &self,
-        base: &HeaderMap,
-        key: &str,
-    ) -> Result<String, Refused> {
+    async fn resolve_workspace(&self, base: &HeaderMap, key: &str) -> Result<String, Refused> {
         if crate::domain::ids::BindingId::parse(key).is_some() {
             return Ok(key.to_owned());
         }

@@ -435,6 +435,13 @@ pub enum EventKind {
     /// An artifact reference (the server mints `artifact_id`).
     #[serde(rename = "artifact_created")]
     ArtifactCreated,
+    /// Memories selected from a signed recall receipt.
+    #[serde(rename = "memory_recalled")]
+    MemoryRecalled,
+    #[serde(rename = "memory_applied")]
+    MemoryApplied,
+    #[serde(rename = "memory_rejected")]
+    MemoryRejected,
 }
 
 impl From<EventKind> for EventType {
@@ -456,6 +463,9 @@ impl From<EventKind> for EventType {
             EventKind::WorkItemFailed => EventType::WorkItemFailed,
             EventKind::WorkItemAbandoned => EventType::WorkItemAbandoned,
             EventKind::ArtifactCreated => EventType::ArtifactCreated,
+            EventKind::MemoryRecalled => EventType::MemoryRecalled,
+            EventKind::MemoryApplied => EventType::MemoryApplied,
+            EventKind::MemoryRejected => EventType::MemoryRejected,
         }
     }
 }
@@ -479,6 +489,9 @@ impl From<EventType> for EventKind {
             EventType::WorkItemFailed => EventKind::WorkItemFailed,
             EventType::WorkItemAbandoned => EventKind::WorkItemAbandoned,
             EventType::ArtifactCreated => EventKind::ArtifactCreated,
+            EventType::MemoryRecalled => EventKind::MemoryRecalled,
+            EventType::MemoryApplied => EventKind::MemoryApplied,
+            EventType::MemoryRejected => EventKind::MemoryRejected,
         }
     }
 }
@@ -1277,6 +1290,15 @@ async fn append_event(
         &body.run_id,
         &mut payload,
     )?;
+    super::attribution::resolve(
+        &state,
+        &record,
+        &scope,
+        event_type,
+        &body.run_id,
+        &mut payload,
+    )
+    .await?;
     let rules = state.ledger_budgets().rules(&record.binding_id);
     let payload_tool = payload
         .get("tool")

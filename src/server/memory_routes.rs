@@ -39,6 +39,7 @@ use crate::{
             pipeline::{self, Proposal, WriteContext},
             policy::{EffectivePolicy, MemoryPolicySet, Writer, authorize_decision},
             rank::{self, Weights},
+            receipt,
         },
         state::{BindingRecord, StateScope},
     },
@@ -349,6 +350,11 @@ pub struct MemorySearchResponse {
     pub results: Vec<MemoryHit>,
     /// Present in budgeted mode.
     pub budget: Option<BudgetReport>,
+    /// The signed recall receipt (`hrr1.`...): the workspace, its epoch, the namespaces
+    /// searched and every result's memory id, rank and exact content version. A run event
+    /// that attributes its work to these memories cites it (docs/mcp.md "Receipts");
+    /// only its SHA-256 is ever stored.
+    pub receipt: String,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -645,6 +651,16 @@ async fn put_memory(
 ) -> Result<(StatusCode, Json<MemoryWriteResponse>), ApiError> {
     let call = resolve(&state, caller, &headers, named, BindingVerb::Update).await?;
     let ns = call.namespace(&state, scope)?;
+    if req
+        .content
+        .split(|c: char| c.is_whitespace() || c == '"' || c == '\'')
+        .any(|w| w.starts_with(receipt::PREFIX))
+    {
+        // A signed recall receipt lists what a user was shown: it is cited, never stored.
+        return Err(ApiError::invalid(
+            "memory content holds a recall receipt; receipts are never stored (cite them in memory_recalled)",
+        ));
+    }
     let size = req.content.len() as u64;
     // memory.write covers the whole pipeline (validate, scan, redact, policy) and the
     // persist; pipeline refusals are recorded on it too.
@@ -820,11 +836,13 @@ async fn search_memory(
     }
     // 2. namespace filter: each scope's candidates come from its own namespace only.
     let span = memory_span(Step::MemoryRead, "memory.search", &call);
+    let mut searched = Vec::new();
     let candidates = traced(span.clone(), async {
         let mut candidates = Vec::new();
         for scope in scopes {
             let ns = call.namespace(&state, scope)?;
             candidates.extend(state.store().memory_candidates(&ns, &query).await?);
+            searched.push(ns.key);
         }
         Ok::<_, ApiError>(candidates)
     })
@@ -850,6 +868,27 @@ async fn search_memory(
         }
         None => (ranked.into_iter().take(limit).collect(), None),
     };
+    let items = hits
+        .iter()
+        .enumerate()
+        .map(|(i, s)| receipt::ReceiptItem {
+            memory_id: s.record.id.clone(),
+            rank: u32::try_from(i + 1).unwrap_or(u32::MAX),
+            content_hash: s.record.content_hash.clone(),
+            namespace: s.record.namespace.key.clone(),
+            memory_key: s.record.memory_key.clone(),
+        })
+        .collect();
+    let signed = receipt::encode(
+        state.keyring(),
+        &receipt::RecallReceipt {
+            binding_id: call.binding.binding_id.as_str().to_owned(),
+            epoch: call.binding.epoch,
+            namespaces: searched,
+            items,
+            issued_at_ms: query.now_ms,
+        },
+    );
     let results = hits
         .into_iter()
         .map(|s| MemoryHit {
@@ -861,7 +900,11 @@ async fn search_memory(
             tokens: s.tokens,
         })
         .collect();
-    Ok(Json(MemorySearchResponse { results, budget }))
+    Ok(Json(MemorySearchResponse {
+        results,
+        budget,
+        receipt: signed,
+    }))
 }
 
 async fn decide(

@@ -41,6 +41,7 @@ use crate::{
 };
 
 pub mod admin;
+pub mod attribution;
 pub mod auth;
 pub mod authz;
 pub mod binding_objects;

@@ -364,3 +364,80 @@ async def test_a_local_agent_over_stdio_names_its_workspace(server: Any) -> None
     async with over_stdio(server) as session:
         read = await call(session, "get_run", workspace_key=name, run_id=run["run_id"])
         assert [e["type"] for e in read["events"]] == ["RunStarted", "work_item_started"]
+
+
+async def test_attribution_is_bound_to_the_signed_recall_receipt(server: Any, workspace: str) -> None:
+    async with over_http(server) as session:
+        stored = await call(
+            session, "store", workspace_key=workspace, scope="user", key="facts/payments",
+            content="The payments service is written in Rust and deployed weekly.", idempotency_key=key(),
+        )
+        memory = stored["record"]
+        found = await call(session, "recall", workspace_key=workspace, query="payments service Rust")
+        receipt = found["receipt"]
+        assert receipt.startswith("hrr1.")
+        ranked = {h["record"]["id"]: i + 1 for i, h in enumerate(found["results"])}
+        assert memory["id"] in ranked, (memory["approval_status"], memory["classification"], found["results"])
+        rank = ranked[memory["id"]]
+        run = await call(session, "begin_run", workspace_key=workspace, idempotency_key=key())
+        rid = run["run_id"]
+
+        def recalled(attribution: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "workspace_key": workspace, "run_id": rid, "idempotency_key": key(),
+                "type": "memory_recalled", "payload": {"memory_attribution": attribution},
+            }
+
+        # A tampered receipt: refused, and the error never echoes it.
+        body, mac = receipt.rsplit(".", 1)
+        flipped = body[:-3] + ("A" if body[-3] != "A" else "B") + body[-2:]
+        for bad in (f"{flipped}.{mac}", f"{body}.{'0' * 64}", "hrr1.not-a-receipt"):
+            result = await session.call_tool("record_run_event", recalled({"receipt": bad, "selected": [{"memory_id": memory["id"], "rank": rank}]}))
+            assert result.is_error and result.structured_content["error"]["code"] == "invalid"
+            assert "hrr1." not in json.dumps(result.structured_content)
+        # A memory or rank the receipt does not show; the server-set fields.
+        for attribution in (
+            {"receipt": receipt, "selected": [{"memory_id": memory["id"], "rank": rank + 5}]},
+            {"receipt": receipt, "selected": []},
+            {"receipt": receipt, "selected": [{"memory_id": memory["id"], "rank": rank}], "relation": "source"},
+        ):
+            result = await session.call_tool("record_run_event", recalled(attribution))
+            assert result.is_error, attribution
+        # A receipt anywhere but the attribution is refused, not stored, not echoed.
+        result = await session.call_tool(
+            "record_run_event",
+            {"workspace_key": workspace, "run_id": rid, "idempotency_key": key(), "type": "GuardrailEvaluated",
+             "payload": {"guardrail": "pii", "result": "pass", "note": receipt}},
+        )
+        assert result.is_error and "payload field `note`" in result.structured_content["error"]["message"]
+        assert "hrr1." not in json.dumps(result.structured_content)
+        # The real thing: stored as the receipt's hash, the memory, its rank and version.
+        ok = await call(session, "record_run_event", **recalled({"receipt": receipt, "selected": [{"memory_id": memory["id"], "rank": rank}]}))
+        stored_attr = ok["event"]["payload"]["memory_attribution"]
+        assert stored_attr["receipt_hash"] == "sha256:" + hashlib.sha256(receipt.encode()).hexdigest()
+        assert stored_attr["links"] == [{"memory_id": memory["id"], "rank": rank, "content_hash": memory["content_hash"]}]
+        recalled_seq = ok["event"]["seq"]
+        applied = await call(
+            session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(), type="memory_applied",
+            payload={"memory_attribution": {"source": {"recalled_seq": recalled_seq, "memory_id": memory["id"], "rank": rank}}},
+        )
+        assert applied["event"]["payload"]["memory_attribution"]["relation"] == "source"
+        manual = await call(
+            session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(), type="memory_rejected",
+            payload={"memory_attribution": {"manual": {"memory_id": memory["id"], "exact_content_version": memory["content_hash"]}}},
+        )
+        assert manual["event"]["payload"]["memory_attribution"]["review_required"] is True
+        read = await call(session, "get_run", workspace_key=workspace, run_id=rid)
+        assert "hrr1." not in json.dumps(read), "no receipt is ever stored"
+        # Once the memory changes, the old receipt no longer attributes it.
+        await call(
+            session, "revise", workspace_key=workspace, scope="user", key="facts/payments",
+            content="The payments service is written in Rust and deployed daily.", expected_revision=memory["revision"], idempotency_key=key(),
+        )
+        stale = await session.call_tool("record_run_event", recalled({"receipt": receipt, "selected": [{"memory_id": memory["id"], "rank": rank}]}))
+        assert stale.is_error and stale.structured_content["error"]["code"] == "conflict"
+        # And memory content never stores a receipt.
+        kept = await session.call_tool(
+            "store", {"workspace_key": workspace, "scope": "user", "key": "style/receipt", "content": f"seen {receipt}", "idempotency_key": key()},
+        )
+        assert kept.is_error and "hrr1." not in json.dumps(kept.structured_content)

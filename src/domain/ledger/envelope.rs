@@ -45,10 +45,21 @@ pub enum EventType {
     /// body; the artifact id is minted by the server.
     #[serde(rename = "artifact_created")]
     ArtifactCreated,
+    /// Receipt-bound memory attribution (`spec/003` "Receipt-Bound Memory Attribution"):
+    /// which results of a signed recall the run selected. Stored as the receipt's hash
+    /// and the selected memory, rank and exact content version; never the receipt.
+    #[serde(rename = "memory_recalled")]
+    MemoryRecalled,
+    /// A memory the run applied: linked to an earlier `memory_recalled` of the run, or a
+    /// manual reference (always review-required).
+    #[serde(rename = "memory_applied")]
+    MemoryApplied,
+    #[serde(rename = "memory_rejected")]
+    MemoryRejected,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 16] = [
+    pub const ALL: [EventType; 19] = [
         EventType::RunStarted,
         EventType::RunCompleted,
         EventType::ContextAssembled,
@@ -65,6 +76,9 @@ impl EventType {
         EventType::WorkItemFailed,
         EventType::WorkItemAbandoned,
         EventType::ArtifactCreated,
+        EventType::MemoryRecalled,
+        EventType::MemoryApplied,
+        EventType::MemoryRejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,11 +99,22 @@ impl EventType {
             EventType::WorkItemFailed => "work_item_failed",
             EventType::WorkItemAbandoned => "work_item_abandoned",
             EventType::ArtifactCreated => "artifact_created",
+            EventType::MemoryRecalled => "memory_recalled",
+            EventType::MemoryApplied => "memory_applied",
+            EventType::MemoryRejected => "memory_rejected",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The events that carry a `memory_attribution` (and the only ones that may).
+    pub fn attributes_memory(self) -> bool {
+        matches!(
+            self,
+            EventType::MemoryRecalled | EventType::MemoryApplied | EventType::MemoryRejected
+        )
     }
 
     /// The work-item events that move an existing item (not its creation).

@@ -25,7 +25,7 @@ pub use fold::{
 };
 pub use metrics::{BindingMetrics, RunMetrics, binding_metrics, run_metrics};
 pub use payload::{
-    MAX_PAYLOAD_BYTES, Outcome, RUN_OUTCOMES, RunOutcomeKind, Via, forbidden_field,
+    MAX_ATTRIBUTED, MAX_PAYLOAD_BYTES, Outcome, RUN_OUTCOMES, RunOutcomeKind, Via, forbidden_field,
     validate_payload,
 };
 

@@ -338,6 +338,77 @@ fn validate_artifact(artifact: &Value) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// Most memories one `memory_recalled` selects.
+pub const MAX_ATTRIBUTED: usize = 32;
+
+fn is_sha256(s: &str) -> bool {
+    s.strip_prefix("sha256:")
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The stored form of a memory attribution, as the server writes it after checking the
+/// receipt (docs/mcp.md "Receipts"): `memory_recalled` has `receipt_hash` and 0 to 32
+/// `links` of `{memory_id, rank, content_hash}`; `memory_applied` and `memory_rejected`
+/// have `relation` `source` (with the recall's `receipt_hash`, `recalled_seq` and
+/// `rank`) or `manual` (with `review_required: true`), and `memory_id`, `content_hash`.
+fn validate_attribution(t: EventType, a: &Value) -> Result<(), Rejection> {
+    let bad = |why: &str| {
+        Err(Rejection::Invalid(format!(
+            "{} memory_attribution: {why}",
+            t.as_str()
+        )))
+    };
+    let Value::Object(a) = a else {
+        return bad("must be an object");
+    };
+    let text = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or_default();
+    if t == EventType::MemoryRecalled {
+        if !is_sha256(text("receipt_hash")) {
+            return bad("receipt_hash must be sha256: and 64 hex digits");
+        }
+        let Some(Value::Array(links)) = a.get("links") else {
+            return bad("links must be a list");
+        };
+        if links.len() > MAX_ATTRIBUTED {
+            return bad(&format!("at most {MAX_ATTRIBUTED} memories per recall"));
+        }
+        for l in links {
+            let ok = l.get("memory_id").and_then(Value::as_str).is_some()
+                && l.get("rank")
+                    .and_then(Value::as_u64)
+                    .is_some_and(|r| r >= 1)
+                && l.get("content_hash")
+                    .and_then(Value::as_str)
+                    .is_some_and(is_sha256);
+            if !ok {
+                return bad("each link has memory_id, rank >= 1 and content_hash");
+            }
+        }
+        return Ok(());
+    }
+    if text("memory_id").is_empty() || !is_sha256(text("content_hash")) {
+        return bad("memory_id and content_hash (sha256:) are required");
+    }
+    match text("relation") {
+        "source" => {
+            if !is_sha256(text("receipt_hash"))
+                || a.get("rank").and_then(Value::as_u64).is_none()
+                || a.get("recalled_seq").and_then(Value::as_u64).is_none()
+            {
+                return bad("a source link has receipt_hash, rank and recalled_seq");
+            }
+            Ok(())
+        }
+        "manual" => {
+            if a.get("review_required") != Some(&Value::Bool(true)) {
+                return bad("a manual reference is always review_required");
+            }
+            Ok(())
+        }
+        _ => bad("relation is source or manual"),
+    }
+}
+
 /// The whole payload check: an object, within the bound, no forbidden field at any
 /// depth, and the fields its type needs.
 pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> {
@@ -356,6 +427,12 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
         });
     }
     refuse_fields(payload, &mut Vec::new())?;
+    if !t.attributes_memory() && map.contains_key("memory_attribution") {
+        return Err(Rejection::Invalid(format!(
+            "{} does not carry a memory_attribution (only memory_recalled, memory_applied and memory_rejected do)",
+            t.as_str()
+        )));
+    }
     if let Some(usage) = map.get("usage") {
         let Value::Object(usage) = usage else {
             return Err(Rejection::Invalid(format!(
@@ -389,6 +466,9 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
         EventType::ArtifactCreated => {
             string_field(map, t, "artifact_id")?;
             validate_artifact(field(map, t, "artifact")?)
+        }
+        EventType::MemoryRecalled | EventType::MemoryApplied | EventType::MemoryRejected => {
+            validate_attribution(t, field(map, t, "memory_attribution")?)
         }
         EventType::GuardrailEvaluated => {
             string_field(map, t, "guardrail")?;

@@ -10,6 +10,7 @@
 pub mod pipeline;
 pub mod policy;
 pub mod rank;
+pub mod receipt;
 pub mod scan;
 pub mod secrets;
 
