@@ -20,6 +20,7 @@ test: lint e2e-build
 	$(CARGO) build --locked --all-targets
 	$(E2E)/with-control-plane.sh timeout --kill-after=30 $(TEST_TIMEOUT) $(CARGO) test --locked --all-targets
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
+	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/mcp-conformance.sh
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
 	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/real-node-tier.sh
 

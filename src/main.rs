@@ -143,6 +143,10 @@ struct ServeArgs {
     /// Address of `/live`, `/ready` and `/metrics`.
     #[arg(long, default_value = "127.0.0.1:8081")]
     admin_listen: SocketAddr,
+    /// Host names `/mcp` answers (repeatable; `*`: any). Default: the loopback names
+    /// when `--listen` is a loopback address (DNS-rebinding protection), else any.
+    #[arg(long = "mcp-allowed-host", value_name = "HOST")]
+    mcp_allowed_hosts: Vec<String>,
     /// Where the database, and the generated key and token file, live
     /// (default: `$XDG_DATA_HOME/harness-engine` or `~/.local/share/harness-engine`).
     #[arg(long, value_name = "DIR")]
@@ -255,6 +259,10 @@ struct OperatorArgs {
     /// Address of `/live`, `/ready` and `/metrics`.
     #[arg(long, default_value = "0.0.0.0:8081")]
     admin_listen: SocketAddr,
+    /// Host names `/mcp` answers (repeatable). Default: any (every request carries a
+    /// bearer token; a Service answers under whatever names the platform gives it).
+    #[arg(long = "mcp-allowed-host", value_name = "HOST")]
+    mcp_allowed_hosts: Vec<String>,
     /// Directory of the embedded store and (unless `--identity-key-file`) the identity key.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/harness-engine")]
     data_dir: PathBuf,
@@ -503,7 +511,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 Duration::from_secs(10),
             ));
         }
-        let router = harness_engine::mcp::with_mcp(state.clone(), server::app(state.clone()));
+        let hosts = harness_engine::mcp::HostPolicy::for_listener(api_addr, &args.mcp_allowed_hosts);
+        let router = harness_engine::mcp::with_mcp(state.clone(), server::app(state.clone()), hosts);
         server::serve_app(state, router, api, admin, shutdown_signal()).await.context("serving")?;
         eprintln!("harness-engine serve: stopped");
         Ok(())
@@ -748,7 +757,11 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
             args.namespace.clone(),
             state.ledger_budgets().clone(),
         ));
-        let router = harness_engine::mcp::with_mcp(state.clone(), server::app(state.clone()));
+        let hosts = harness_engine::mcp::HostPolicy {
+            allowed_hosts: args.mcp_allowed_hosts.clone(),
+        };
+        let router =
+            harness_engine::mcp::with_mcp(state.clone(), server::app(state.clone()), hosts);
         let data_plane = tokio::spawn(server::serve_app(
             state,
             router,

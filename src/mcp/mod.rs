@@ -17,7 +17,13 @@ pub mod server;
 
 use std::sync::Arc;
 
-use axum::{Router, extract::Request, middleware::Next, response::Response};
+use axum::{
+    Router,
+    extract::Request,
+    http::header,
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
 use rmcp::{
     ServiceExt,
     transport::streamable_http_server::{
@@ -25,7 +31,7 @@ use rmcp::{
     },
 };
 
-use crate::server::{AppState, extract::Authenticated};
+use crate::server::{AppState, error::ApiError, extract::Authenticated};
 pub use server::{HarnessMcp, NamedWorkspaces, V1};
 
 /// The path of the Streamable HTTP endpoint.
@@ -34,11 +40,75 @@ pub const PATH: &str = "/mcp";
 /// Largest MCP request body (a tool call's arguments; the largest `/v1` body fits).
 const MAX_MCP_BODY_BYTES: usize = 8 << 20;
 
-/// `app` (the data plane's `/v1` router) with `/mcp` beside it. Every `/mcp` request is
-/// authenticated first, with the same bearer tokens as `/v1` (an unauthenticated one
-/// gets the API's `401` error body and never reaches the MCP layer); every tool call is
-/// then authorized by `/v1` itself.
-pub fn with_mcp(state: AppState, app: Router) -> Router {
+/// Which `Host` and `Origin` values `/mcp` answers (DNS-rebinding protection).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostPolicy {
+    /// Host names (without port) accepted in `Host` and in a browser's `Origin`; empty:
+    /// any (a cluster Service answers under whatever name the platform gives it).
+    pub allowed_hosts: Vec<String>,
+}
+
+impl HostPolicy {
+    /// The loopback names: what a server bound to a loopback address answers, so a web
+    /// page that rebinds its own domain to 127.0.0.1 cannot reach it.
+    pub fn loopback() -> Self {
+        HostPolicy {
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        }
+    }
+
+    /// `serve`: loopback names when it listens on a loopback address, else any; `names`
+    /// (`--mcp-allowed-host`) replace that, and `*` means any.
+    pub fn for_listener(listen: std::net::SocketAddr, names: &[String]) -> Self {
+        if names.iter().any(|n| n == "*") {
+            return HostPolicy::default();
+        }
+        if !names.is_empty() {
+            return HostPolicy {
+                allowed_hosts: names.iter().map(|n| n.to_ascii_lowercase()).collect(),
+            };
+        }
+        if listen.ip().is_loopback() {
+            HostPolicy::loopback()
+        } else {
+            HostPolicy::default()
+        }
+    }
+
+    fn allows(&self, host: &str) -> bool {
+        self.allowed_hosts.is_empty()
+            || self
+                .allowed_hosts
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(host))
+    }
+}
+
+/// The host name of a `Host` value or of an `Origin` URL, without port or brackets.
+fn host_name(value: &str) -> Option<String> {
+    let authority = match value.split_once("://") {
+        Some((_, rest)) => rest.split('/').next().unwrap_or_default(),
+        None => value,
+    };
+    let host = if let Some(v6) = authority.strip_prefix('[') {
+        v6.split(']').next().unwrap_or_default()
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                authority
+            }
+        })
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+/// `app` (the data plane's `/v1` router) with `/mcp` beside it. A `/mcp` request must
+/// name an allowed `Host` (and `Origin`, when a browser sends one), then authenticate
+/// with the same bearer tokens as `/v1`; a refusal is the API's error body and never
+/// reaches the MCP layer. Every tool call is then authorized by `/v1` itself.
+pub fn with_mcp(state: AppState, app: Router, hosts: HostPolicy) -> Router {
     let v1 = V1::new(app.clone());
     let mut config = StreamableHttpServerConfig::default();
     // Stateless: any replica serves any request, and a reconnect needs nothing but the
@@ -56,18 +126,87 @@ pub fn with_mcp(state: AppState, app: Router) -> Router {
         Arc::new(NeverSessionManager::default()),
         config,
     );
+    let hosts = Arc::new(hosts);
     let guarded = Router::new()
         .route_service(PATH, service)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticated,
         ))
+        .layer(axum::middleware::from_fn(
+            move |request: Request, next: Next| {
+                let hosts = hosts.clone();
+                async move { allowed_host(&hosts, request, next).await }
+            },
+        ))
         .with_state(state);
     app.merge(guarded)
 }
 
+async fn allowed_host(hosts: &HostPolicy, request: Request, next: Next) -> Response {
+    let (host, origin) = {
+        let header = |name: header::HeaderName| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        (
+            header(header::HOST).or_else(|| request.uri().host().map(str::to_owned)),
+            header(header::ORIGIN),
+        )
+    };
+    let refused = |what: &str, value: Option<String>| {
+        ApiError::forbidden(format!(
+            "{what} {} is not served here (DNS-rebinding protection; allowed hosts: {}; serve --mcp-allowed-host)",
+            value.unwrap_or_else(|| "(none)".into()),
+            hosts.allowed_hosts.join(", ")
+        ))
+        .into_response()
+    };
+    if !hosts.allowed_hosts.is_empty() {
+        if !host
+            .as_deref()
+            .and_then(host_name)
+            .is_some_and(|h| hosts.allows(&h))
+        {
+            return refused("Host", host);
+        }
+        if let Some(o) = &origin
+            && !host_name(o).is_some_and(|h| hosts.allows(&h))
+        {
+            return refused("Origin", origin);
+        }
+    }
+    next.run(request).await
+}
+
 async fn authenticated(_caller: Authenticated, request: Request, next: Next) -> Response {
     next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_drop_ports_schemes_and_brackets() {
+        assert_eq!(host_name("localhost:8080").as_deref(), Some("localhost"));
+        assert_eq!(host_name("[::1]:80").as_deref(), Some("::1"));
+        assert_eq!(
+            host_name("http://Evil.Example:3000").as_deref(),
+            Some("evil.example")
+        );
+        assert_eq!(host_name("https://127.0.0.1").as_deref(), Some("127.0.0.1"));
+        assert_eq!(host_name(""), None);
+        let loopback = HostPolicy::for_listener("127.0.0.1:0".parse().expect("addr"), &[]);
+        assert!(loopback.allows("localhost") && !loopback.allows("evil.example"));
+        let any = HostPolicy::for_listener("0.0.0.0:8080".parse().expect("addr"), &[]);
+        assert!(any.allows("harness-engine.ns.svc"));
+        let star = HostPolicy::for_listener("127.0.0.1:0".parse().expect("addr"), &["*".into()]);
+        assert!(star.allows("anything"));
+    }
 }
 
 /// Serves MCP over stdin and stdout until the client closes them: the local agent's
