@@ -186,6 +186,19 @@ async fn authenticated(_caller: Authenticated, request: Request, next: Next) -> 
     next.run(request).await
 }
 
+/// Serves MCP over stdin and stdout until the client closes them: the local agent's
+/// calls carry `token` (the embedded store's own principal).
+pub async fn serve_stdio(app: Router, token: &str, named: NamedWorkspaces) -> anyhow::Result<()> {
+    let handler = HarnessMcp::local(V1::new(app), token, named)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    let running = handler
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| anyhow::anyhow!("MCP over stdio: {e}"))?;
+    running.waiting().await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,17 +220,4 @@ mod tests {
         let star = HostPolicy::for_listener("127.0.0.1:0".parse().expect("addr"), &["*".into()]);
         assert!(star.allows("anything"));
     }
-}
-
-/// Serves MCP over stdin and stdout until the client closes them: the local agent's
-/// calls carry `token` (the embedded store's own principal).
-pub async fn serve_stdio(app: Router, token: &str, named: NamedWorkspaces) -> anyhow::Result<()> {
-    let handler = HarnessMcp::local(V1::new(app), token, named)
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    let running = handler
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| anyhow::anyhow!("MCP over stdio: {e}"))?;
-    running.waiting().await?;
-    Ok(())
 }
