@@ -6,7 +6,7 @@ CARGO ?= cargo
 TEST_TIMEOUT ?= 2400
 E2E := e2e/scripts
 
-.PHONY: kind-e2e all build test lint fmt crds openapi mcp-tools unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
+.PHONY: kind-e2e all build test lint fmt crds openapi mcp-tools bench-mcp unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
 
 all: build
 
@@ -79,6 +79,11 @@ bench-abuse:
 ## run read on SQLite, p50/p99 (prints a table, writes target/bench/ledger.json).
 bench-ledger:
 	$(CARGO) bench --locked --bench ledger
+
+## bench-mcp: MCP tools/call round trips (recall, record_run_event) at 1 and 32
+## sessions over /mcp (prints a table, writes target/bench/mcp.json).
+bench-mcp:
+	$(CARGO) bench --locked --bench mcp
 
 ## bench-api: turns per second over HTTP and idle RSS of `serve`
 ## (prints a table, writes target/bench/api.json).
