@@ -511,6 +511,40 @@ impl HarnessMcp {
                 )
                 .await
             }
+            "browse" | "export" => {
+                let scope = args.str("scope")?;
+                let mut path = format!("/v1/memory/{}/records/list?", percent(scope));
+                if let Some(after) = args.opt_str("after_key")? {
+                    path.push_str(&format!("after_key={}&", percent(after)));
+                }
+                if let Some(limit) = args.u64("limit")? {
+                    path.push_str(&format!("limit={limit}"));
+                }
+                let headers = memory(&base)?;
+                match self.v1.call(Method::GET, &path, &headers, None).await {
+                    Ok((status, mut page)) if status.is_success() && name == "browse" => {
+                        // Browse is an index: keys and versions, not contents.
+                        if let Some(records) = page["records"].as_array_mut() {
+                            for r in records.iter_mut() {
+                                *r = json!({
+                                    "key": r["key"], "id": r["id"], "kind": r["kind"],
+                                    "revision": r["revision"], "content_hash": r["content_hash"],
+                                    "approval_status": r["approval_status"],
+                                    "updated_at_ms": r["updated_at_ms"],
+                                });
+                            }
+                        }
+                        Ok(CallToolResult::structured(page))
+                    }
+                    Ok((status, page)) => Ok(answer(status, page)),
+                    Err(e) => Err(e),
+                }
+            }
+            "stats" => {
+                let headers = memory(&base)?;
+                self.send(Method::GET, "/v1/memory/stats".into(), &headers, None)
+                    .await
+            }
             "forget" => {
                 let scope = args.str("scope")?;
                 let key = args.str("key")?;

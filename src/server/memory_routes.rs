@@ -9,6 +9,8 @@
 //! operation, shape the answer, so tracing spans (`memory.read`, `memory.write`) can
 //! wrap the handler functions as they are.
 
+use std::collections::BTreeMap;
+
 use axum::{
     Json,
     extract::{FromRequestParts, Path, State},
@@ -60,6 +62,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(get_memory, put_memory, delete_memory))
         .routes(routes!(search_memory))
+        .routes(routes!(list_memory))
+        .routes(routes!(memory_stats))
         .routes(routes!(approve_memory))
         .routes(routes!(reject_memory))
 }
@@ -628,6 +632,126 @@ async fn get_memory(
     })
     .await?;
     Ok(Json(record.into()))
+}
+
+/// A page of one scope's memories in key order.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Start after this key (the previous page's `next_after_key`).
+    #[serde(default)]
+    #[param(max_length = 256, nullable = false)]
+    pub after_key: Option<String>,
+    /// Most records (default 100, at most 500).
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 500, nullable = false)]
+    pub limit: Option<u32>,
+    /// Also list records awaiting or refused approval (approvers only).
+    #[serde(default)]
+    #[param(nullable = false)]
+    pub include_unadmitted: Option<bool>,
+}
+
+/// A page of memories.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MemoryPage {
+    pub records: Vec<MemoryRecordView>,
+    /// Set when the page is full: pass it as `after_key` for the next one.
+    pub next_after_key: Option<String>,
+}
+
+/// Counts by approval status, per scope.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MemoryStats {
+    /// Scope -> approval status (`not_required`, `pending`, `approved`, `rejected`,
+    /// `revoked`) -> unexpired records. Only the scopes the caller may read.
+    pub scopes: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// List one scope's memories in key order (browse, export). The scope must be one the
+/// agent's policy lets the caller read; unadmitted records only for approvers.
+#[utoipa::path(get, path = "/v1/memory/{scope}/records/list", tag = "memory",
+    params(ScopeParam, ListQuery, MemoryHeaders),
+    responses((status = 200, description = "A page of records", body = MemoryPage)))]
+async fn list_memory(
+    State(state): State<AppState>,
+    Authenticated(caller): Authenticated,
+    ScopePath(scope): ScopePath,
+    headers: MemoryCallHeaders,
+    SubjectHeader(named): SubjectHeader,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<MemoryPage>, ApiError> {
+    let call = resolve(&state, caller, &headers, named, BindingVerb::Get).await?;
+    crate::domain::memory::policy::authorize_read(&call.policy, &call.writer, scope)?;
+    let include = q.include_unadmitted.unwrap_or(false);
+    if include {
+        check_reviewer(&call)?;
+    }
+    if let Some(after) = &q.after_key
+        && after.len() > 256
+    {
+        return Err(ApiError::invalid("after_key must be at most 256 bytes"));
+    }
+    let limit = match q.limit {
+        Some(0) => return Err(ApiError::invalid("limit must be at least 1")),
+        Some(n) => (n as usize).min(crate::store::memory::MAX_LIST),
+        None => 100,
+    };
+    let ns = call.namespace(&state, scope)?;
+    let span = memory_span(Step::MemoryRead, "memory.list", &call);
+    let records = traced(span.clone(), async {
+        Ok::<_, ApiError>(
+            state
+                .store()
+                .list_memories(&ns, q.after_key.as_deref(), limit, include, now_ms())
+                .await?,
+        )
+    })
+    .await?;
+    spans::record_count(&span, keys::COUNT, records.len() as u64);
+    let next_after_key = (records.len() >= limit)
+        .then(|| records.last().map(|r| r.memory_key.clone()))
+        .flatten();
+    Ok(Json(MemoryPage {
+        records: records.into_iter().map(Into::into).collect(),
+        next_after_key,
+    }))
+}
+
+/// Count the memories of every scope the caller may read, by approval status.
+#[utoipa::path(get, path = "/v1/memory/stats", tag = "memory",
+    params(MemoryHeaders),
+    responses((status = 200, description = "Counts", body = MemoryStats)))]
+async fn memory_stats(
+    State(state): State<AppState>,
+    Authenticated(caller): Authenticated,
+    headers: MemoryCallHeaders,
+    SubjectHeader(named): SubjectHeader,
+) -> Result<Json<MemoryStats>, ApiError> {
+    let call = resolve(&state, caller, &headers, named, BindingVerb::Get).await?;
+    let span = memory_span(Step::MemoryRead, "memory.stats", &call);
+    let scopes = traced(span, async {
+        let mut scopes = BTreeMap::new();
+        for scope in [
+            MemoryScope::User,
+            MemoryScope::Agent,
+            MemoryScope::Organization,
+        ] {
+            if crate::domain::memory::policy::authorize_read(&call.policy, &call.writer, scope)
+                .is_err()
+            {
+                continue;
+            }
+            let Ok(ns) = call.namespace(&state, scope) else {
+                continue;
+            };
+            let counts = state.store().count_memories(&ns, now_ms()).await?;
+            scopes.insert(crate::domain::memory::scope_str(scope).to_owned(), counts);
+        }
+        Ok::<_, ApiError>(scopes)
+    })
+    .await?;
+    Ok(Json(MemoryStats { scopes }))
 }
 
 /// Write one memory through the governed pipeline: authorize, validate, scan, redact,

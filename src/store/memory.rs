@@ -78,6 +78,9 @@ pub struct MemorySweepReport {
     pub by_policy: BTreeMap<String, u64>,
 }
 
+/// Most records one listing returns.
+pub const MAX_LIST: usize = 500;
+
 /// `harness_memories`.
 #[async_trait]
 pub trait MemoryStore: Send + Sync {
@@ -120,6 +123,25 @@ pub trait MemoryStore: Send + Sync {
         namespace: &Namespace,
         query: &CandidateQuery,
     ) -> Result<Vec<Candidate>>;
+
+    /// Records of one namespace in key order with keys after `after_key`, at most
+    /// `limit` (capped at [`MAX_LIST`]): admitted and unexpired ones, or every unexpired
+    /// one when `include_unadmitted` (an approver reviewing them).
+    async fn list_memories(
+        &self,
+        namespace: &Namespace,
+        after_key: Option<&str>,
+        limit: usize,
+        include_unadmitted: bool,
+        now_ms: i64,
+    ) -> Result<Vec<MemoryRecord>>;
+
+    /// How many unexpired records of one namespace are in each approval status.
+    async fn count_memories(
+        &self,
+        namespace: &Namespace,
+        now_ms: i64,
+    ) -> Result<BTreeMap<String, u64>>;
 
     /// Deletes every record whose retention expired by `now_ms`; one audit record.
     async fn sweep_memory(&self, now_ms: i64) -> Result<MemorySweepReport>;

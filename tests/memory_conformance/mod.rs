@@ -1173,6 +1173,7 @@ pub const CASES: &[&str] = &[
     "revoking_a_source_thread_marks_its_episodic_references",
     "provenance_round_trips_and_ranking_uses_it",
     "worker_writes_are_fenced",
+    "listing_and_counts_stay_in_the_namespace",
 ];
 
 #[macro_export]
@@ -1193,11 +1194,12 @@ macro_rules! memory_conformance_tests {
             retention_deletion_and_clear,
             revoking_a_source_thread_marks_its_episodic_references,
             provenance_round_trips_and_ranking_uses_it,
-            worker_writes_are_fenced
+            worker_writes_are_fenced,
+            listing_and_counts_stay_in_the_namespace
         );
         #[test]
         fn every_memory_case_is_wired() {
-            assert_eq!(memory_conformance::CASES.len(), 10, "add new cases to memory_conformance_tests!");
+            assert_eq!(memory_conformance::CASES.len(), 11, "add new cases to memory_conformance_tests!");
         }
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {
@@ -1210,4 +1212,71 @@ macro_rules! memory_conformance_tests {
             }
         )+
     };
+}
+
+/// Listing by key (browse, export) and counts (stats) see one namespace only, page in
+/// key order without gaps or repeats, leave out what is not admitted unless asked, and
+/// never return an expired record.
+pub async fn listing_and_counts_stay_in_the_namespace<S: Store + ?Sized>(store: &S) {
+    let now = harness_engine::store::now_ms();
+    let mine = ns("hana", "agent-list", MemoryScope::User);
+    let theirs = ns("ivan", "agent-list", MemoryScope::User);
+    let mut records = Vec::new();
+    for i in 0..25 {
+        records.push(record(
+            &mine,
+            &format!("k/{i:02}"),
+            &format!("fact {i}"),
+            now,
+        ));
+        records.push(record(
+            &theirs,
+            &format!("k/{i:02}"),
+            &format!("other {i}"),
+            now,
+        ));
+    }
+    let mut pending = record(&mine, "k/pending", "awaits an approver", now);
+    pending.approval_status = ApprovalStatus::Pending;
+    let mut old = record(&mine, "k/expired", "gone already", now);
+    old.expires_at_ms = Some(now - 1);
+    records.extend([pending, old]);
+    store.load_memories(records).await.expect("load");
+
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list_memories(&mine, after.as_deref(), 10, false, now)
+            .await
+            .expect("list");
+        assert!(
+            page.iter().all(|r| r.namespace.key == mine.key),
+            "one namespace only"
+        );
+        seen.extend(page.iter().map(|r| r.memory_key.clone()));
+        if page.len() < 10 {
+            break;
+        }
+        after = page.last().map(|r| r.memory_key.clone());
+    }
+    let expected: Vec<String> = (0..25).map(|i| format!("k/{i:02}")).collect();
+    assert_eq!(
+        seen, expected,
+        "every admitted key once, in order; no pending, no expired"
+    );
+    let all = store
+        .list_memories(&mine, None, 100, true, now)
+        .await
+        .expect("list all");
+    assert!(all.iter().any(|r| r.memory_key == "k/pending"));
+    assert!(!all.iter().any(|r| r.memory_key == "k/expired"));
+    let counts = store.count_memories(&mine, now).await.expect("count");
+    assert_eq!(counts.get("not_required"), Some(&25));
+    assert_eq!(counts.get("pending"), Some(&1));
+    assert_eq!(
+        counts.values().sum::<u64>(),
+        26,
+        "the expired record is not counted"
+    );
 }

@@ -441,3 +441,27 @@ async def test_attribution_is_bound_to_the_signed_recall_receipt(server: Any, wo
             "store", {"workspace_key": workspace, "scope": "user", "key": "style/receipt", "content": f"seen {receipt}", "idempotency_key": key()},
         )
         assert kept.is_error and "hrr1." not in json.dumps(kept.structured_content)
+
+
+async def test_browse_export_and_stats_see_the_workspace_memory(server: Any, client: HarnessClient) -> None:
+    # User memory is per subject and agent: an agent of its own keeps other tests out.
+    workspace = client.bind(f"lister.{uuid.uuid4().hex[:8]}", f"conv-{uuid.uuid4().hex}", harness="claude_agent_sdk").binding_id
+    async with over_http(server) as session:
+        for i in range(5):
+            await call(
+                session, "store", workspace_key=workspace, scope="user", key=f"notes/{i}",
+                content=f"Release {i} shipped on a Tuesday.", idempotency_key=key(),
+            )
+        first = await call(session, "browse", workspace_key=workspace, scope="user", limit=3)
+        assert [r["key"] for r in first["records"]] == ["notes/0", "notes/1", "notes/2"]
+        assert "content" not in first["records"][0], "browse lists keys and versions, not contents"
+        rest = await call(session, "browse", workspace_key=workspace, scope="user", after_key=first["next_after_key"])
+        assert [r["key"] for r in rest["records"]] == ["notes/3", "notes/4"]
+        assert rest["next_after_key"] is None
+        exported = await call(session, "export", workspace_key=workspace, scope="user")
+        assert [r["content"] for r in exported["records"]][:1] == ["Release 0 shipped on a Tuesday."]
+        assert exported["records"][0]["provenance"]["source"]
+        stats = await call(session, "stats", workspace_key=workspace)
+        assert sum(stats["scopes"]["user"].values()) == 5
+        refused_scope = await session.call_tool("browse", {"workspace_key": workspace, "scope": "organization"})
+        assert refused_scope.is_error and refused_scope.structured_content["error"]["code"] in {"forbidden_scope", "invalid"}

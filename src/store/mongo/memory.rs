@@ -50,6 +50,7 @@ const IDX_LISTING: &str = "environment_scope_namespace_agent_updated_desc";
 const IDX_SOURCE: &str = "provenance_source_binding_run";
 const IDX_TERMS: &str = "namespace_terms";
 const IDX_EXPIRY: &str = "expires_at";
+const IDX_BY_KEY: &str = "namespace_key";
 
 /// Most documents one search examines for lexical scoring.
 const MAX_LEXICAL_SCAN: i64 = 10_000;
@@ -216,6 +217,12 @@ impl MongoStore {
             ),
             // spec 001 §5 index 5: a search index must start with the namespace.
             index(doc! { "namespace_key": 1, "terms": 1 }, IDX_TERMS, false),
+            // Listing by key (browse, export).
+            index(
+                doc! { "namespace_key": 1, "memory_key": 1 },
+                IDX_BY_KEY,
+                false,
+            ),
             index(doc! { "expires_at": 1 }, IDX_EXPIRY, false),
         ] {
             self.memories
@@ -429,6 +436,71 @@ impl MongoStore {
             .await
             .ctx("searching memory")?;
         docs.into_iter().map(from_doc).collect()
+    }
+
+    pub(super) async fn list_memories_impl(
+        &self,
+        ns: &Namespace,
+        after_key: Option<&str>,
+        limit: usize,
+        include_unadmitted: bool,
+        now_ms: i64,
+    ) -> Result<Vec<MemoryRecord>> {
+        let limit = limit.min(crate::store::memory::MAX_LIST);
+        let mut filter = doc! {
+            "namespace_key": &ns.key,
+            "memory_key": { "$gt": after_key.unwrap_or("") },
+        };
+        if !include_unadmitted {
+            filter.insert("approval_status", admitted());
+        }
+        // Expired records are filtered here rather than in the query: a sweep removes
+        // them soon, and `expires_at` is absent on most records.
+        let mut out = Vec::new();
+        let mut after = after_key.unwrap_or("").to_owned();
+        while out.len() < limit {
+            filter.insert("memory_key", doc! { "$gt": &after });
+            let want = i64::try_from(limit - out.len()).unwrap_or(0);
+            let page = self
+                .find_memories(filter.clone(), Some(doc! { "memory_key": 1 }), want)
+                .await?;
+            let Some(last) = page.last().map(|r| r.memory_key.clone()) else {
+                break;
+            };
+            let full = page.len() as i64 == want;
+            out.extend(page.into_iter().filter(|r| !expired(r, now_ms)));
+            if !full {
+                break;
+            }
+            after = last;
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn count_memories_impl(
+        &self,
+        ns: &Namespace,
+        now_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, u64>> {
+        let mut out = std::collections::BTreeMap::new();
+        for status in ["not_required", "pending", "approved", "rejected", "revoked"] {
+            let n = self
+                .memories
+                .count_documents(doc! {
+                    "namespace_key": &ns.key,
+                    "approval_status": status,
+                    "$or": [
+                        { "expires_at": Bson::Null },
+                        { "expires_at": { "$gt": DateTime::from_millis(now_ms) } },
+                    ],
+                })
+                .await
+                .ctx("counting memories")?;
+            if n > 0 {
+                out.insert(status.to_owned(), n);
+            }
+        }
+        Ok(out)
     }
 
     pub(super) async fn memory_candidates_impl(

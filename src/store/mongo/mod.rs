@@ -613,6 +613,26 @@ impl crate::store::MemoryStore for MongoStore {
         self.put_memory_impl(put).await
     }
 
+    async fn list_memories(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        after_key: Option<&str>,
+        limit: usize,
+        include_unadmitted: bool,
+        now_ms: i64,
+    ) -> Result<Vec<crate::domain::memory::MemoryRecord>> {
+        self.list_memories_impl(namespace, after_key, limit, include_unadmitted, now_ms)
+            .await
+    }
+
+    async fn count_memories(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        now_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, u64>> {
+        self.count_memories_impl(namespace, now_ms).await
+    }
+
     async fn delete_memory(
         &self,
         namespace: &crate::domain::memory::Namespace,

@@ -354,6 +354,69 @@ pub(super) fn get(
         .filter(|r| !expired(r, now_ms) && (include_unadmitted || r.approval_status.searchable())))
 }
 
+pub(super) fn list(
+    conn: &Connection,
+    ns: &Namespace,
+    after_key: Option<&str>,
+    limit: usize,
+    include_unadmitted: bool,
+    now_ms: i64,
+) -> Result<Vec<MemoryRecord>> {
+    let limit = i64::try_from(limit.min(crate::store::memory::MAX_LIST)).unwrap_or(0);
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM harness_memories
+             WHERE namespace_key = ?1 AND memory_key > ?2
+               AND (expires_at_ms IS NULL OR expires_at_ms > ?3)
+               AND (?4 OR approval_status IN ('approved', 'not_required'))
+             ORDER BY memory_key LIMIT ?5"
+        ))
+        .ctx("preparing the memory listing")?;
+    let rows = stmt
+        .query_map(
+            params![
+                ns.key,
+                after_key.unwrap_or(""),
+                now_ms,
+                include_unadmitted,
+                limit
+            ],
+            decode,
+        )
+        .ctx("listing memories")?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (_, record) = row.ctx("listing memories")?;
+        out.push(record?);
+    }
+    Ok(out)
+}
+
+pub(super) fn count(
+    conn: &Connection,
+    ns: &Namespace,
+    now_ms: i64,
+) -> Result<BTreeMap<String, u64>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT approval_status, COUNT(*) FROM harness_memories
+             WHERE namespace_key = ?1 AND (expires_at_ms IS NULL OR expires_at_ms > ?2)
+             GROUP BY approval_status",
+        )
+        .ctx("preparing the memory count")?;
+    let rows = stmt
+        .query_map(params![ns.key, now_ms], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+        })
+        .ctx("counting memories")?;
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let (status, n) = row.ctx("counting memories")?;
+        out.insert(status, u64::try_from(n).unwrap_or(0));
+    }
+    Ok(out)
+}
+
 pub(super) fn put(conn: &Connection, put: &MemoryPut) -> Result<MemoryWriteOutcome> {
     if let Some(scope) = &put.fence {
         super::admit(conn, &super::ScopeKey::of(scope))?;

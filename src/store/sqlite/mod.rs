@@ -820,6 +820,33 @@ impl crate::store::MemoryStore for SqliteStore {
             .await
     }
 
+    async fn list_memories(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        after_key: Option<&str>,
+        limit: usize,
+        include_unadmitted: bool,
+        now_ms: i64,
+    ) -> Result<Vec<crate::domain::memory::MemoryRecord>> {
+        let (ns, after) = (namespace.clone(), after_key.map(str::to_owned));
+        self.readers
+            .read(move |tx| {
+                memory::list(tx, &ns, after.as_deref(), limit, include_unadmitted, now_ms)
+            })
+            .await
+    }
+
+    async fn count_memories(
+        &self,
+        namespace: &crate::domain::memory::Namespace,
+        now_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, u64>> {
+        let ns = namespace.clone();
+        self.readers
+            .read(move |tx| memory::count(tx, &ns, now_ms))
+            .await
+    }
+
     async fn sweep_memory(&self, now_ms: i64) -> Result<crate::store::memory::MemorySweepReport> {
         let mut report = crate::store::memory::MemorySweepReport {
             swept_at_ms: now_ms,
