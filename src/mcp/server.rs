@@ -706,6 +706,59 @@ impl HarnessMcp {
                 )
                 .await
             }
+            "claim_signal" | "extend_signal_lease" | "ack_signal" => {
+                let signal_id = args.str("signal_id")?;
+                let mut payload = Map::new();
+                payload.insert("signal_id".into(), json!(signal_id));
+                let event_type = match name {
+                    "claim_signal" => {
+                        payload.insert("holder".into(), json!(args.str("holder")?));
+                        "signal_claimed"
+                    }
+                    "extend_signal_lease" => "signal_lease_extended",
+                    _ => "signal_acked",
+                };
+                if name != "claim_signal" {
+                    let token = args.u64("fencing_token")?.ok_or_else(|| {
+                        invalid(format!("{name}: `fencing_token` is required"))
+                    })?;
+                    payload.insert("fencing_token".into(), json!(token));
+                }
+                if name != "ack_signal" {
+                    let seconds = args.u64("lease_seconds")?.ok_or_else(|| {
+                        invalid(format!("{name}: `lease_seconds` is required"))
+                    })?;
+                    payload.insert("lease_ms".into(), json!(seconds.saturating_mul(1000)));
+                }
+                let headers = keyed(&self.fenced(&base, workspace, None).await?)?;
+                let body = json!({
+                    "type": event_type,
+                    "run_id": crate::domain::ledger::signal::SIGNAL_RUN,
+                    "turn_id": signal_id,
+                    "agent_id": "mcp",
+                    "payload": payload,
+                });
+                match self
+                    .v1
+                    .call(
+                        Method::POST,
+                        &format!("/v1/bindings/{ws}/runs/events"),
+                        &headers,
+                        Some(&body),
+                    )
+                    .await
+                {
+                    Ok((status, answer_body)) if status.is_success() => {
+                        Ok(CallToolResult::structured(json!({
+                            "signal": answer_body["signal"],
+                            "replayed": answer_body["replayed"],
+                            "seq": answer_body["event"]["seq"],
+                        })))
+                    }
+                    Ok((status, answer_body)) => Ok(answer(status, answer_body)),
+                    Err(e) => Err(e),
+                }
+            }
             other => Ok(refusal(json!({
                 "code": "unavailable",
                 "message": format!("the tool `{other}` is listed but not served by this version yet (docs/mcp.md \"Status\")"),

@@ -442,6 +442,13 @@ pub enum EventKind {
     MemoryApplied,
     #[serde(rename = "memory_rejected")]
     MemoryRejected,
+    /// A workspace signal (run id `signals`): claim, extend the lease, acknowledge.
+    #[serde(rename = "signal_claimed")]
+    SignalClaimed,
+    #[serde(rename = "signal_lease_extended")]
+    SignalLeaseExtended,
+    #[serde(rename = "signal_acked")]
+    SignalAcked,
 }
 
 impl From<EventKind> for EventType {
@@ -466,6 +473,9 @@ impl From<EventKind> for EventType {
             EventKind::MemoryRecalled => EventType::MemoryRecalled,
             EventKind::MemoryApplied => EventType::MemoryApplied,
             EventKind::MemoryRejected => EventType::MemoryRejected,
+            EventKind::SignalClaimed => EventType::SignalClaimed,
+            EventKind::SignalLeaseExtended => EventType::SignalLeaseExtended,
+            EventKind::SignalAcked => EventType::SignalAcked,
         }
     }
 }
@@ -492,6 +502,9 @@ impl From<EventType> for EventKind {
             EventType::MemoryRecalled => EventKind::MemoryRecalled,
             EventType::MemoryApplied => EventKind::MemoryApplied,
             EventType::MemoryRejected => EventKind::MemoryRejected,
+            EventType::SignalClaimed => EventKind::SignalClaimed,
+            EventType::SignalLeaseExtended => EventKind::SignalLeaseExtended,
+            EventType::SignalAcked => EventKind::SignalAcked,
         }
     }
 }
@@ -727,6 +740,38 @@ pub struct EventAppended {
     pub loop_detected: bool,
     /// The effect named by the payload's `idempotency_key`, after the append.
     pub effect: Option<EffectView>,
+    /// The signal a signal event names, after the append (on a replay: as it stands).
+    pub signal: Option<SignalView>,
+}
+
+/// A workspace signal.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SignalView {
+    pub signal_id: String,
+    pub holder: String,
+    /// Moves up by one with every claim; extend and acknowledge name it.
+    pub fencing_token: u64,
+    /// `held` or `acked`.
+    pub state: String,
+    pub lease_expires_at_ms: i64,
+    pub acked_at_ms: Option<i64>,
+    pub seq: u64,
+}
+
+fn signal_view(id: String, s: ledger::signal::SignalRecord) -> SignalView {
+    SignalView {
+        signal_id: id,
+        holder: s.holder,
+        fencing_token: s.fencing_token,
+        state: match s.state {
+            ledger::signal::SignalState::Held => "held",
+            ledger::signal::SignalState::Acked => "acked",
+        }
+        .to_owned(),
+        lease_expires_at_ms: s.lease_expires_at_ms,
+        acked_at_ms: s.acked_at_ms,
+        seq: s.seq,
+    }
 }
 
 /// Usage counted against budgets.
@@ -1381,6 +1426,26 @@ async fn append(
             .map(|e| effect_view(key, e)),
         _ => None,
     };
+    let signal = match appended.signals.signal.clone() {
+        Some((id, s)) => Some(signal_view(id, s)),
+        None if appended.event.event_type.is_signal() => {
+            let id = appended
+                .event
+                .payload
+                .get("signal_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            state
+                .store()
+                .ledger_state(scope)
+                .await?
+                .signals
+                .remove(&id)
+                .map(|s| signal_view(id, s))
+        }
+        None => None,
+    };
     let status = if appended.replayed {
         StatusCode::OK
     } else {
@@ -1393,6 +1458,7 @@ async fn append(
             replayed: appended.replayed,
             event: appended.event.into(),
             effect,
+            signal,
         },
     ))
 }

@@ -465,3 +465,42 @@ async def test_browse_export_and_stats_see_the_workspace_memory(server: Any, cli
         assert sum(stats["scopes"]["user"].values()) == 5
         refused_scope = await session.call_tool("browse", {"workspace_key": workspace, "scope": "organization"})
         assert refused_scope.is_error and refused_scope.structured_content["error"]["code"] in {"forbidden_scope", "invalid"}
+
+
+async def test_two_agents_racing_for_a_signal_get_exactly_one_holder(server: Any, workspace: str) -> None:
+    import anyio
+
+    results: dict[str, Any] = {}
+
+    async def agent(name: str) -> None:
+        async with over_http(server) as session:
+            results[name] = await session.call_tool(
+                "claim_signal",
+                {"workspace_key": workspace, "signal_id": "deploy-lock", "holder": name, "lease_seconds": 1, "idempotency_key": key()},
+            )
+
+    async with anyio.create_task_group() as tg:
+        for name in ("agent-a", "agent-b", "agent-c", "agent-d"):
+            tg.start_soon(agent, name)
+    winners = [n for n, r in results.items() if not r.is_error]
+    assert len(winners) == 1, {n: r.structured_content for n, r in results.items()}
+    losers = [r for r in results.values() if r.is_error]
+    assert all(r.structured_content["error"]["code"] == "conflict" for r in losers)
+    held = results[winners[0]].structured_content["signal"]
+    assert (held["holder"], held["fencing_token"], held["state"]) == (winners[0], 1, "held")
+
+    async with over_http(server) as session:
+        # The lease (1 s) runs out: another agent takes over, with a higher token.
+        await anyio.sleep(1.2)
+        taken = await call(session, "claim_signal", workspace_key=workspace, signal_id="deploy-lock", holder="agent-z", lease_seconds=30, idempotency_key=key())
+        assert (taken["signal"]["holder"], taken["signal"]["fencing_token"]) == ("agent-z", 2)
+        # The old holder's token is dead for extend and ack.
+        for tool, extra in (("extend_signal_lease", {"lease_seconds": 30}), ("ack_signal", {})):
+            stale = await session.call_tool(tool, {"workspace_key": workspace, "signal_id": "deploy-lock", "fencing_token": 1, "idempotency_key": key(), **extra})
+            assert stale.is_error and stale.structured_content["error"]["code"] == "conflict"
+        extended = await call(session, "extend_signal_lease", workspace_key=workspace, signal_id="deploy-lock", fencing_token=2, lease_seconds=60, idempotency_key=key())
+        assert extended["signal"]["lease_expires_at_ms"] > taken["signal"]["lease_expires_at_ms"]
+        ack_key = key()
+        acked = await call(session, "ack_signal", workspace_key=workspace, signal_id="deploy-lock", fencing_token=2, idempotency_key=ack_key)
+        again = await call(session, "ack_signal", workspace_key=workspace, signal_id="deploy-lock", fencing_token=2, idempotency_key=ack_key)
+        assert acked["signal"]["state"] == "acked" and again["replayed"] is True

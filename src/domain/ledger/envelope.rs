@@ -56,10 +56,17 @@ pub enum EventType {
     MemoryApplied,
     #[serde(rename = "memory_rejected")]
     MemoryRejected,
+    /// A leased coordination signal of the workspace (recorded under run `signals`).
+    #[serde(rename = "signal_claimed")]
+    SignalClaimed,
+    #[serde(rename = "signal_lease_extended")]
+    SignalLeaseExtended,
+    #[serde(rename = "signal_acked")]
+    SignalAcked,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 19] = [
+    pub const ALL: [EventType; 22] = [
         EventType::RunStarted,
         EventType::RunCompleted,
         EventType::ContextAssembled,
@@ -79,6 +86,9 @@ impl EventType {
         EventType::MemoryRecalled,
         EventType::MemoryApplied,
         EventType::MemoryRejected,
+        EventType::SignalClaimed,
+        EventType::SignalLeaseExtended,
+        EventType::SignalAcked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,11 +112,22 @@ impl EventType {
             EventType::MemoryRecalled => "memory_recalled",
             EventType::MemoryApplied => "memory_applied",
             EventType::MemoryRejected => "memory_rejected",
+            EventType::SignalClaimed => "signal_claimed",
+            EventType::SignalLeaseExtended => "signal_lease_extended",
+            EventType::SignalAcked => "signal_acked",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The workspace's signal events (no run: recorded under run `signals`).
+    pub fn is_signal(self) -> bool {
+        matches!(
+            self,
+            EventType::SignalClaimed | EventType::SignalLeaseExtended | EventType::SignalAcked
+        )
     }
 
     /// The events that carry a `memory_attribution` (and the only ones that may).

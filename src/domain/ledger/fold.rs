@@ -189,6 +189,9 @@ pub struct LedgerState {
     pub lamport: u64,
     pub runs: BTreeMap<String, RunState>,
     pub effects: BTreeMap<String, EffectRecord>,
+    /// The workspace's leased coordination signals, by id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub signals: BTreeMap<String, super::signal::SignalRecord>,
 }
 
 fn usage_of(payload: &Value) -> (u64, u64) {
@@ -272,6 +275,18 @@ impl LedgerState {
         budgets: &Budgets,
         approval_required: bool,
     ) -> Result<(), Rejection> {
+        if new.event_type.is_signal() || new.run_id == super::signal::SIGNAL_RUN {
+            // Signals belong to the workspace; their rules need the clock
+            // (`signal::admit`, from `plan_append`).
+            return if new.event_type.is_signal() && new.run_id == super::signal::SIGNAL_RUN {
+                Ok(())
+            } else {
+                Err(Rejection::Invalid(format!(
+                    "run id `{}` is reserved for the workspace's signal events (signal_claimed, signal_lease_extended, signal_acked), and those are recorded under it",
+                    super::signal::SIGNAL_RUN
+                )))
+            };
+        }
         let run = self.runs.get(&new.run_id);
         match (new.event_type, run) {
             (EventType::RunStarted, Some(_)) => {
@@ -433,6 +448,10 @@ impl LedgerState {
             self.runs
                 .entry(event.run_id.clone())
                 .or_insert_with(|| RunState::new(&event.run_id, event.seq));
+        }
+        if event.event_type.is_signal() {
+            super::signal::apply(&mut self.signals, event);
+            return;
         }
         let key = key_of(p).map(str::to_owned);
         match event.event_type {

@@ -13,6 +13,7 @@ pub mod episode;
 mod fold;
 mod metrics;
 mod payload;
+pub mod signal;
 
 pub use envelope::{
     EventType, LedgerEvent, NewEvent, Versions, canonical_json, event_id, intent_hash,
@@ -89,6 +90,9 @@ pub struct AppendSignals {
     pub effect: Option<EffectRecord>,
     /// The effect's status before the append (`None`: the key was new).
     pub effect_before: Option<EffectStatus>,
+    /// The signal a signal event names, after the append.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<(String, signal::SignalRecord)>,
 }
 
 impl AppendSignals {
@@ -110,10 +114,17 @@ pub fn signals(before: &LedgerState, after: &LedgerState, event: &LedgerEvent) -
         .payload
         .get("idempotency_key")
         .and_then(|k| k.as_str());
+    let signal = event
+        .event_type
+        .is_signal()
+        .then(|| event.payload.get("signal_id").and_then(|v| v.as_str()))
+        .flatten()
+        .and_then(|id| after.signals.get(id).map(|s| (id.to_owned(), s.clone())));
     AppendSignals {
         loop_detected: loops(after) > loops(before),
         effect: key.and_then(|k| after.effects.get(k)).cloned(),
         effect_before: key.and_then(|k| before.effects.get(k)).map(|e| e.status),
+        signal,
     }
 }
 
@@ -144,6 +155,9 @@ pub fn plan_append(
         request.preconditions.as_ref(),
     )?;
     state.admit(new, &request.budgets, request.approval_required)?;
+    if new.event_type.is_signal() {
+        signal::admit(&state.signals, new, now_ms)?;
+    }
     let mut versions = new.versions.clone();
     versions.reducer = REDUCER_VERSION.to_owned();
     if versions.schema.is_empty() {

@@ -470,6 +470,42 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
         EventType::MemoryRecalled | EventType::MemoryApplied | EventType::MemoryRejected => {
             validate_attribution(t, field(map, t, "memory_attribution")?)
         }
+        EventType::SignalClaimed | EventType::SignalLeaseExtended | EventType::SignalAcked => {
+            let id = string_field(map, t, "signal_id")?;
+            if id.len() > 256 {
+                return Err(Rejection::Invalid(format!(
+                    "{} payload field `signal_id` is longer than 256 bytes",
+                    t.as_str()
+                )));
+            }
+            if t == EventType::SignalClaimed {
+                optional_string(map, t, "holder", 256)?;
+                string_field(map, t, "holder")?;
+            } else {
+                match map.get("fencing_token").and_then(Value::as_u64) {
+                    Some(n) if n >= 1 => {}
+                    _ => {
+                        return Err(Rejection::Invalid(format!(
+                            "{} payload field `fencing_token` must be an integer >= 1",
+                            t.as_str()
+                        )));
+                    }
+                }
+            }
+            if t != EventType::SignalAcked {
+                let (min, max) = (super::signal::MIN_LEASE_MS, super::signal::MAX_LEASE_MS);
+                match map.get("lease_ms").and_then(Value::as_u64) {
+                    Some(ms) if (min..=max).contains(&ms) => {}
+                    _ => {
+                        return Err(Rejection::Invalid(format!(
+                            "{} payload field `lease_ms` must be {min} to {max} (1 s to 1 h)",
+                            t.as_str()
+                        )));
+                    }
+                }
+            }
+            Ok(())
+        }
         EventType::GuardrailEvaluated => {
             string_field(map, t, "guardrail")?;
             one_of(

@@ -1231,3 +1231,89 @@ fn episode_state_replays_from_the_events() {
     }
     assert_eq!(replayed, s);
 }
+
+// ---------------------------------------------------------------------------------------
+// Signals: at most one holder, fencing tokens that only move up, leases that expire.
+
+fn sig(t: EventType, payload: Value) -> NewEvent {
+    new(t, signal::SIGNAL_RUN, "s", payload)
+}
+
+fn at(state: &mut LedgerState, event: NewEvent, now: i64) -> Result<LedgerEvent, Rejection> {
+    let request = AppendRequest {
+        event,
+        ..AppendRequest::default()
+    };
+    let plan = plan_append(state, &request, "b1", 0, event_id(now, 3), now)?;
+    *state = plan.state;
+    Ok(plan.event)
+}
+
+#[test]
+fn a_signal_has_one_holder_and_tokens_only_move_up() {
+    let mut s = LedgerState::default();
+    let claim = |holder: &str| {
+        sig(
+            EventType::SignalClaimed,
+            json!({"signal_id": "deploy", "holder": holder, "lease_ms": 5_000}),
+        )
+    };
+    at(&mut s, claim("agent-a"), 1_000).expect("free");
+    assert_eq!(s.signals["deploy"].fencing_token, 1);
+    assert_eq!(s.signals["deploy"].lease_expires_at_ms, 6_000);
+    let err = at(&mut s, claim("agent-b"), 2_000).expect_err("held");
+    assert!(err.to_string().contains("held by agent-a"), "{err}");
+    // The holder extends with its token; a wrong token is refused.
+    let extend = |token: u64| {
+        sig(
+            EventType::SignalLeaseExtended,
+            json!({"signal_id": "deploy", "fencing_token": token, "lease_ms": 5_000}),
+        )
+    };
+    at(&mut s, extend(1), 4_000).expect("extend");
+    assert_eq!(s.signals["deploy"].lease_expires_at_ms, 9_000);
+    assert!(at(&mut s, extend(2), 4_500).is_err());
+    // Expired: taken over with a higher token; the old holder's token is dead.
+    at(&mut s, claim("agent-b"), 9_001).expect("takeover");
+    assert_eq!(
+        (
+            s.signals["deploy"].holder.as_str(),
+            s.signals["deploy"].fencing_token
+        ),
+        ("agent-b", 2)
+    );
+    let ack = |token: u64| {
+        sig(
+            EventType::SignalAcked,
+            json!({"signal_id": "deploy", "fencing_token": token}),
+        )
+    };
+    let err = at(&mut s, ack(1), 9_500).expect_err("stale token");
+    assert!(err.to_string().contains("another holder"), "{err}");
+    at(&mut s, ack(2), 9_600).expect("ack");
+    assert_eq!(s.signals["deploy"].state, signal::SignalState::Acked);
+    // An acknowledged signal can be claimed again, with the next token.
+    at(&mut s, claim("agent-c"), 9_700).expect("reclaim");
+    assert_eq!(s.signals["deploy"].fencing_token, 3);
+    // An expired lease cannot be extended even before anyone takes it over.
+    let err = at(&mut s, extend(3), 20_000).expect_err("expired");
+    assert!(err.to_string().contains("expired"), "{err}");
+    // Signal events live under the reserved run only; no other event may use it.
+    let err = at(
+        &mut s,
+        new(EventType::RunStarted, signal::SIGNAL_RUN, "t", json!({})),
+        21_000,
+    )
+    .expect_err("reserved");
+    assert_eq!(err.code(), "invalid");
+    let err = at(
+        &mut s,
+        sig(
+            EventType::SignalClaimed,
+            json!({"signal_id": "x", "holder": "a", "lease_ms": 10}),
+        ),
+        21_000,
+    )
+    .expect_err("lease bound");
+    assert!(err.to_string().contains("lease_ms"), "{err}");
+}
