@@ -4,8 +4,8 @@
 //! Sandbox `Sandbox` whose pod the sandbox controller creates (and kwok "runs"), a
 //! HarnessBinding whose lease status points at that Sandbox, and RBAC for service callers.
 //!
-//! The operator command does not exist yet, so the test serves the API in-process:
-//! `server::app` with the `KubernetesAuthenticator` on the embedded SQLite store, over
+//! The test serves the data plane in-process as the operator does (`server::app` and
+//! `/mcp` beside it) with the `KubernetesAuthenticator` on the embedded SQLite store, over
 //! real HTTP on a loopback port.
 
 mod api_support;
@@ -82,8 +82,14 @@ impl Fixture {
             "http://{}",
             listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
         );
+        // The data plane as the operator serves it: /v1 and /mcp beside it.
+        let router = harness_engine::mcp::with_mcp(
+            state.clone(),
+            server::app(state),
+            harness_engine::mcp::HostPolicy::default(),
+        );
         tokio::spawn(async move {
-            let _ = axum::serve(listener, server::app(state)).await;
+            let _ = axum::serve(listener, router).await;
         });
         Fixture {
             client,
@@ -399,6 +405,114 @@ async fn workers_are_confined_to_the_binding_their_sandbox_holds() {
         .head(&a, (0, 3))
         .await;
     assert_eq!(code(&replacing), (409, "stale_lease".into()));
+}
+
+/// One MCP `tools/call` as a worker, with its fence headers; the tool's result.
+async fn mcp_call(
+    http: &Http,
+    fence: Option<(u64, u64)>,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut request = http
+        .req(Method::POST, "/mcp")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2025-06-18");
+    if let Some((epoch, generation)) = fence {
+        request = request
+            .header("Harness-Epoch", epoch.to_string())
+            .header("Harness-Lease-Generation", generation.to_string());
+    }
+    let reply = send(
+        request.json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}})),
+    )
+    .await;
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap_or_default();
+    (reply.status, body)
+}
+
+/// `/mcp` in operator mode: a sandbox worker authenticated by TokenReview reaches its own
+/// workspace's ledger through the MCP tools, at its own fence only; another binding and
+/// a stale generation are refused as on `/v1`, and an unauthenticated request never
+/// reaches a tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_worker_uses_its_own_workspace_over_mcp() {
+    let fx = Fixture::new("api-mcp").await;
+    fx.service_account("worker").await;
+    let (sandbox, pod) = fx.sandbox("sb-mcp", "worker").await;
+    let (_, record_a) = fx
+        .binding("conv-mcp-a", "user:alice", "conv-mcp-a", &sandbox, 1)
+        .await;
+    let (_, record_b) = fx
+        .binding(
+            "conv-mcp-b",
+            "user:bob",
+            "conv-mcp-b",
+            &sandbox_placeholder(&fx).await,
+            1,
+        )
+        .await;
+    let (a, b) = (
+        record_a.binding_id.to_string(),
+        record_b.binding_id.to_string(),
+    );
+    let token = fx.token("worker", "harness-engine", Some(&pod)).await;
+    let worker = fx.http(&token);
+
+    let (status, begun) = mcp_call(
+        &worker,
+        Some((0, 1)),
+        "begin_run",
+        json!({"workspace_key": a, "idempotency_key": "run-1"}),
+    )
+    .await;
+    let result = &begun["result"];
+    assert_eq!(
+        (status, result["isError"].as_bool()),
+        (200, Some(false)),
+        "{begun}"
+    );
+    let run_id = result["structuredContent"]["run_id"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(run_id.starts_with("run_"), "{begun}");
+
+    let refused = |body: &serde_json::Value| {
+        body["result"]["structuredContent"]["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (_, other) = mcp_call(
+        &worker,
+        Some((0, 1)),
+        "begin_run",
+        json!({"workspace_key": b, "idempotency_key": "run-b"}),
+    )
+    .await;
+    assert_eq!(refused(&other), "forbidden_scope", "{other}");
+    let (_, stale) = mcp_call(
+        &worker,
+        Some((0, 2)),
+        "begin_run",
+        json!({"workspace_key": a, "idempotency_key": "run-2"}),
+    )
+    .await;
+    assert_eq!(refused(&stale), "stale_lease", "{stale}");
+    let (_, read) = mcp_call(
+        &worker,
+        None,
+        "get_run",
+        json!({"workspace_key": a, "run_id": run_id}),
+    )
+    .await;
+    assert_eq!(
+        read["result"]["structuredContent"]["events"][0]["type"], "RunStarted",
+        "{read}"
+    );
+    let (status, _) = mcp_call(&fx.http("not-a-token"), None, "get_run", json!({})).await;
+    assert_eq!(status, 401);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,7 +25,8 @@ use serde_json::Value;
 const CHART: &str = "charts/harness-engine";
 /// Every option that renders more objects: monitoring, cert-manager, MongoDB, replicas.
 const ALL_ON: &str = "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,\
-metrics.dashboard.enabled=true,store.mongodb.uri=mongodb://mongo:27017/,replicaCount=2";
+metrics.dashboard.enabled=true,store.mongodb.uri=mongodb://mongo:27017/,replicaCount=2,\
+service.mcpAllowedHosts={harness-engine.example.com}";
 
 fn helm_bin() -> &'static PathBuf {
     static HELM: OnceLock<PathBuf> = OnceLock::new();
@@ -106,6 +107,24 @@ fn lint_is_clean_with_defaults_and_with_every_option() {
         assert!(ok, "helm lint {set:?}: {out}{err}");
         assert!(out.contains("0 chart(s) failed"), "{out}");
     }
+}
+
+/// `/mcp` answers the host names the values list (and any when the list is empty).
+#[test]
+fn mcp_allowed_hosts_reach_the_operator() {
+    let (ok, out, err) = helm(&[
+        "template",
+        "x",
+        CHART,
+        "--set",
+        "service.mcpAllowedHosts={he.example.com,he.internal}",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("- --mcp-allowed-host=he.example.com"), "{out}");
+    assert!(out.contains("- --mcp-allowed-host=he.internal"), "{out}");
+    let (ok, out, err) = helm(&["template", "x", CHART]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("--mcp-allowed-host"), "none by default");
 }
 
 #[test]
