@@ -706,6 +706,41 @@ impl HarnessMcp {
                 )
                 .await
             }
+            "feedback" => {
+                let headers = keyed(&self.fenced(&base, workspace, None).await?)?;
+                let body = json!({
+                    "type": "memory_feedback",
+                    "run_id": crate::domain::ledger::FEEDBACK_RUN,
+                    "turn_id": args.str("memory_id")?,
+                    "agent_id": "mcp",
+                    "payload": {
+                        "receipt": args.str("receipt")?,
+                        "memory_id": args.str("memory_id")?,
+                        "rank": args.u64("rank")?.ok_or_else(|| invalid("feedback: `rank` is required"))?,
+                        "signal": args.str("signal")?,
+                    },
+                });
+                match self
+                    .v1
+                    .call(
+                        Method::POST,
+                        &format!("/v1/bindings/{ws}/runs/events"),
+                        &headers,
+                        Some(&body),
+                    )
+                    .await
+                {
+                    Ok((status, answer_body)) if status.is_success() => {
+                        Ok(CallToolResult::structured(json!({
+                            "feedback": answer_body["event"]["payload"],
+                            "replayed": answer_body["replayed"],
+                            "seq": answer_body["event"]["seq"],
+                        })))
+                    }
+                    Ok((status, answer_body)) => Ok(answer(status, answer_body)),
+                    Err(e) => Err(e),
+                }
+            }
             "claim_signal" | "extend_signal_lease" | "ack_signal" => {
                 let signal_id = args.str("signal_id")?;
                 let mut payload = Map::new();

@@ -76,6 +76,9 @@ pub async fn resolve(
     let Some(map) = payload.as_object_mut() else {
         return Ok(()); // the payload rules refuse a non-object
     };
+    if event_type == EventType::MemoryFeedback {
+        return feedback(state, record, scope, payload);
+    }
     if !event_type.attributes_memory() {
         return refuse_receipts(payload, event_type);
     }
@@ -94,6 +97,46 @@ pub async fn resolve(
     if let Some(map) = payload.as_object_mut() {
         map.insert(what.into(), stored);
     }
+    Ok(())
+}
+
+/// `memory_feedback`: the caller names the receipt, the memory and its rank; the server
+/// checks them against the signed receipt and stores the receipt's hash and the exact
+/// content version it showed instead of the receipt.
+fn feedback(
+    state: &AppState,
+    record: &BindingRecord,
+    scope: &StateScope,
+    payload: &mut Value,
+) -> Result<(), ApiError> {
+    let what = "memory_feedback payload";
+    let given = payload.clone();
+    let map = object(&given, what, &["receipt", "memory_id", "rank", "signal"])?;
+    let signed = text(map, what, "receipt")?;
+    let memory_id = text(map, what, "memory_id")?;
+    let r = rank(map, what)?;
+    let receipt = receipt::decode(state.keyring(), signed)?;
+    if receipt.binding_id != record.binding_id.as_str() || receipt.epoch != scope.epoch {
+        return Err(invalid(
+            "the recall receipt was issued to another workspace or epoch",
+        ));
+    }
+    let Some(item) = receipt
+        .items
+        .iter()
+        .find(|it| it.memory_id == memory_id && u64::from(it.rank) == r)
+    else {
+        return Err(invalid(format!(
+            "memory {memory_id} at rank {r} is not in the recall receipt"
+        )));
+    };
+    *payload = json!({
+        "receipt_hash": receipt::receipt_hash(signed),
+        "memory_id": memory_id,
+        "rank": r,
+        "content_hash": item.content_hash,
+        "signal": map.get("signal").cloned().unwrap_or(Value::Null),
+    });
     Ok(())
 }
 

@@ -449,6 +449,9 @@ pub enum EventKind {
     SignalLeaseExtended,
     #[serde(rename = "signal_acked")]
     SignalAcked,
+    /// Feedback on a memory of a signed recall (run id `memory`).
+    #[serde(rename = "memory_feedback")]
+    MemoryFeedback,
 }
 
 impl From<EventKind> for EventType {
@@ -476,6 +479,7 @@ impl From<EventKind> for EventType {
             EventKind::SignalClaimed => EventType::SignalClaimed,
             EventKind::SignalLeaseExtended => EventType::SignalLeaseExtended,
             EventKind::SignalAcked => EventType::SignalAcked,
+            EventKind::MemoryFeedback => EventType::MemoryFeedback,
         }
     }
 }
@@ -505,6 +509,7 @@ impl From<EventType> for EventKind {
             EventType::SignalClaimed => EventKind::SignalClaimed,
             EventType::SignalLeaseExtended => EventKind::SignalLeaseExtended,
             EventType::SignalAcked => EventKind::SignalAcked,
+            EventType::MemoryFeedback => EventKind::MemoryFeedback,
         }
     }
 }

@@ -504,3 +504,39 @@ async def test_two_agents_racing_for_a_signal_get_exactly_one_holder(server: Any
         acked = await call(session, "ack_signal", workspace_key=workspace, signal_id="deploy-lock", fencing_token=2, idempotency_key=ack_key)
         again = await call(session, "ack_signal", workspace_key=workspace, signal_id="deploy-lock", fencing_token=2, idempotency_key=ack_key)
         assert acked["signal"]["state"] == "acked" and again["replayed"] is True
+
+
+async def test_feedback_is_bound_to_the_receipt_and_never_reorders_recall(server: Any, client: HarnessClient) -> None:
+    workspace = client.bind(f"fb.{uuid.uuid4().hex[:8]}", f"conv-{uuid.uuid4().hex}", harness="claude_agent_sdk").binding_id
+    async with over_http(server) as session:
+        for i, text in enumerate(("The build cache lives on the local disk.", "The build cache is shared by every job.")):
+            await call(session, "store", workspace_key=workspace, scope="user", key=f"build/{i}", content=text, idempotency_key=key())
+        before = await call(session, "recall", workspace_key=workspace, query="build cache")
+        order = [h["record"]["id"] for h in before["results"]]
+        assert len(order) == 2
+        first = before["results"][0]["record"]
+        fb_key = key()
+        given = await call(
+            session, "feedback", workspace_key=workspace, receipt=before["receipt"],
+            memory_id=first["id"], rank=1, signal="misleading", idempotency_key=fb_key,
+        )
+        stored = given["feedback"]
+        assert stored["receipt_hash"] == "sha256:" + hashlib.sha256(before["receipt"].encode()).hexdigest()
+        assert (stored["memory_id"], stored["rank"], stored["content_hash"], stored["signal"]) == (
+            first["id"], 1, first["content_hash"], "misleading",
+        )
+        again = await call(
+            session, "feedback", workspace_key=workspace, receipt=before["receipt"],
+            memory_id=first["id"], rank=1, signal="misleading", idempotency_key=fb_key,
+        )
+        assert again["replayed"] is True and again["seq"] == given["seq"]
+        body, mac = before["receipt"].rsplit(".", 1)
+        for bad in ({"receipt": body + "." + "f" * 64, "rank": 1}, {"receipt": before["receipt"], "rank": 7}):
+            refused_fb = await session.call_tool(
+                "feedback",
+                {"workspace_key": workspace, "memory_id": first["id"], "signal": "helpful", "idempotency_key": key(), **bad},
+            )
+            assert refused_fb.is_error and refused_fb.structured_content["error"]["code"] == "invalid"
+            assert "hrr1." not in json.dumps(refused_fb.structured_content)
+        after = await call(session, "recall", workspace_key=workspace, query="build cache")
+        assert [h["record"]["id"] for h in after["results"]] == order, "feedback never changes recall order"

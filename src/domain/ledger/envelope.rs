@@ -63,10 +63,14 @@ pub enum EventType {
     SignalLeaseExtended,
     #[serde(rename = "signal_acked")]
     SignalAcked,
+    /// Feedback on a memory a signed recall showed (helpful, misleading, outdated):
+    /// review evidence only, recorded under run id `memory`; never changes ranking.
+    #[serde(rename = "memory_feedback")]
+    MemoryFeedback,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 22] = [
+    pub const ALL: [EventType; 23] = [
         EventType::RunStarted,
         EventType::RunCompleted,
         EventType::ContextAssembled,
@@ -89,6 +93,7 @@ impl EventType {
         EventType::SignalClaimed,
         EventType::SignalLeaseExtended,
         EventType::SignalAcked,
+        EventType::MemoryFeedback,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,6 +120,7 @@ impl EventType {
             EventType::SignalClaimed => "signal_claimed",
             EventType::SignalLeaseExtended => "signal_lease_extended",
             EventType::SignalAcked => "signal_acked",
+            EventType::MemoryFeedback => "memory_feedback",
         }
     }
 
@@ -128,6 +134,18 @@ impl EventType {
             self,
             EventType::SignalClaimed | EventType::SignalLeaseExtended | EventType::SignalAcked
         )
+    }
+
+    /// The run id a workspace-level event is recorded under (signals, memory feedback):
+    /// those events belong to no run, and no other event may use these ids.
+    pub fn workspace_run(self) -> Option<&'static str> {
+        match self {
+            EventType::SignalClaimed | EventType::SignalLeaseExtended | EventType::SignalAcked => {
+                Some(super::signal::SIGNAL_RUN)
+            }
+            EventType::MemoryFeedback => Some(FEEDBACK_RUN),
+            _ => None,
+        }
     }
 
     /// The events that carry a `memory_attribution` (and the only ones that may).
@@ -151,6 +169,12 @@ impl EventType {
         }
     }
 }
+
+/// The run id memory feedback is recorded under.
+pub const FEEDBACK_RUN: &str = "memory";
+
+/// Run ids reserved for workspace-level events.
+pub const RESERVED_RUNS: [&str; 2] = [super::signal::SIGNAL_RUN, FEEDBACK_RUN];
 
 /// What every event records about the software that produced it (§3.4). The server sets
 /// `reducer`; `schema` defaults to `<Type>/1`.

@@ -192,6 +192,22 @@ pub struct LedgerState {
     /// The workspace's leased coordination signals, by id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub signals: BTreeMap<String, super::signal::SignalRecord>,
+    /// The effective feedback head per memory and recall receipt (`memory|receipt_hash`):
+    /// the latest `memory_feedback` for that exposure. Review evidence only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub memory_feedback: BTreeMap<String, FeedbackHead>,
+}
+
+/// The latest feedback on one memory as one signed recall showed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedbackHead {
+    pub memory_id: String,
+    pub receipt_hash: String,
+    pub rank: u64,
+    pub content_hash: String,
+    /// `helpful`, `misleading` or `outdated`.
+    pub signal: String,
+    pub seq: u64,
 }
 
 fn usage_of(payload: &Value) -> (u64, u64) {
@@ -275,17 +291,24 @@ impl LedgerState {
         budgets: &Budgets,
         approval_required: bool,
     ) -> Result<(), Rejection> {
-        if new.event_type.is_signal() || new.run_id == super::signal::SIGNAL_RUN {
-            // Signals belong to the workspace; their rules need the clock
-            // (`signal::admit`, from `plan_append`).
-            return if new.event_type.is_signal() && new.run_id == super::signal::SIGNAL_RUN {
-                Ok(())
-            } else {
-                Err(Rejection::Invalid(format!(
-                    "run id `{}` is reserved for the workspace's signal events (signal_claimed, signal_lease_extended, signal_acked), and those are recorded under it",
-                    super::signal::SIGNAL_RUN
-                )))
-            };
+        let reserved = super::envelope::RESERVED_RUNS.contains(&new.run_id.as_str());
+        match new.event_type.workspace_run() {
+            // Signals and memory feedback belong to the workspace, not to a run (the
+            // signal rules need the clock: `signal::admit`, from `plan_append`).
+            Some(run) if run == new.run_id => return Ok(()),
+            Some(run) => {
+                return Err(Rejection::Invalid(format!(
+                    "{} is recorded under run id `{run}`",
+                    new.event_type.as_str()
+                )));
+            }
+            None if reserved => {
+                return Err(Rejection::Invalid(format!(
+                    "run id `{}` is reserved for the workspace's own events (signals, memory feedback)",
+                    new.run_id
+                )));
+            }
+            None => {}
         }
         let run = self.runs.get(&new.run_id);
         match (new.event_type, run) {
@@ -451,6 +474,21 @@ impl LedgerState {
         }
         if event.event_type.is_signal() {
             super::signal::apply(&mut self.signals, event);
+            return;
+        }
+        if event.event_type == EventType::MemoryFeedback {
+            let text = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
+            self.memory_feedback.insert(
+                format!("{}|{}", text("memory_id"), text("receipt_hash")),
+                FeedbackHead {
+                    memory_id: text("memory_id").to_owned(),
+                    receipt_hash: text("receipt_hash").to_owned(),
+                    rank: p.get("rank").and_then(Value::as_u64).unwrap_or(0),
+                    content_hash: text("content_hash").to_owned(),
+                    signal: text("signal").to_owned(),
+                    seq: event.seq,
+                },
+            );
             return;
         }
         let key = key_of(p).map(str::to_owned);

@@ -16,13 +16,13 @@ mod payload;
 pub mod signal;
 
 pub use envelope::{
-    EventType, LedgerEvent, NewEvent, Versions, canonical_json, event_id, intent_hash,
-    request_digest,
+    EventType, FEEDBACK_RUN, LedgerEvent, NewEvent, Versions, canonical_json, event_id,
+    intent_hash, request_digest,
 };
 pub use episode::{ArtifactRef, Episode, OutcomeHead, OutcomeStrength, WorkItem, WorkItemStatus};
 pub use fold::{
-    Budget, Budgets, EffectRecord, EffectStatus, LedgerState, RunState, RunStatus, TurnUsage,
-    UTILISATION_BUCKETS_PERMILLE,
+    Budget, Budgets, EffectRecord, EffectStatus, FeedbackHead, LedgerState, RunState, RunStatus,
+    TurnUsage, UTILISATION_BUCKETS_PERMILLE,
 };
 pub use metrics::{BindingMetrics, RunMetrics, binding_metrics, run_metrics};
 pub use payload::{

@@ -470,6 +470,32 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
         EventType::MemoryRecalled | EventType::MemoryApplied | EventType::MemoryRejected => {
             validate_attribution(t, field(map, t, "memory_attribution")?)
         }
+        EventType::MemoryFeedback => {
+            string_field(map, t, "memory_id")?;
+            for k in ["receipt_hash", "content_hash"] {
+                if !map.get(k).and_then(Value::as_str).is_some_and(is_sha256) {
+                    return Err(Rejection::Invalid(format!(
+                        "memory_feedback payload field `{k}` must be sha256: and 64 hex digits (the server sets it from the receipt)"
+                    )));
+                }
+            }
+            if !map
+                .get("rank")
+                .and_then(Value::as_u64)
+                .is_some_and(|r| r >= 1)
+            {
+                return Err(Rejection::Invalid(
+                    "memory_feedback payload field `rank` must be an integer >= 1".into(),
+                ));
+            }
+            one_of(
+                map,
+                t,
+                "signal",
+                |s| matches!(s, "helpful" | "misleading" | "outdated").then_some(()),
+                "helpful, misleading, outdated",
+            )
+        }
         EventType::SignalClaimed | EventType::SignalLeaseExtended | EventType::SignalAcked => {
             let id = string_field(map, t, "signal_id")?;
             if id.len() > 256 {
