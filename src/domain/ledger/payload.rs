@@ -479,10 +479,10 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
                     )));
                 }
             }
-            if !map
+            if map
                 .get("rank")
                 .and_then(Value::as_u64)
-                .is_some_and(|r| r >= 1)
+                .is_none_or(|r| r == 0)
             {
                 return Err(Rejection::Invalid(
                     "memory_feedback payload field `rank` must be an integer >= 1".into(),
