@@ -62,7 +62,7 @@ fn every_operation_documents_auth_errors_and_trace_context() {
             );
         }
     }
-    // 27 state, object, stream, interrupt and memory operations (memory listing and
-    // stats among them); 7 run-ledger operations (begin among them).
-    assert_eq!(operations, 34, "operations in the document");
+    // 28 state, object, stream, interrupt and memory operations (memory listing, stats
+    // and promotion among them); 7 run-ledger operations (begin among them).
+    assert_eq!(operations, 35, "operations in the document");
 }

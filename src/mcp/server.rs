@@ -540,6 +540,17 @@ impl HarnessMcp {
                     Err(e) => Err(e),
                 }
             }
+            "promote" => {
+                let scope = args.str("scope")?;
+                let headers = keyed(&memory(&self.fenced(&base, workspace, None).await?)?)?;
+                self.send(
+                    Method::POST,
+                    format!("/v1/memory/{}/records/promote", percent(scope)),
+                    &headers,
+                    Some(json!({"key": args.str("key")?, "to_scope": args.str("to_scope")?})),
+                )
+                .await
+            }
             "stats" => {
                 let headers = memory(&base)?;
                 self.send(Method::GET, "/v1/memory/stats".into(), &headers, None)

@@ -64,6 +64,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(search_memory))
         .routes(routes!(list_memory))
         .routes(routes!(memory_stats))
+        .routes(routes!(promote_memory))
         .routes(routes!(approve_memory))
         .routes(routes!(reject_memory))
 }
@@ -849,6 +850,112 @@ async fn put_memory(
         StatusCode::OK
     };
     Ok((status, Json(outcome.into())))
+}
+
+/// A promotion proposal.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryPromoteRequest {
+    /// The key of the admitted record in the path's scope.
+    pub key: String,
+    /// The wider scope to copy it to (user -> agent or organization, agent ->
+    /// organization).
+    pub to_scope: ScopeName,
+}
+
+/// Propose copying an admitted memory to a wider scope. Never automatic: the copy goes
+/// through the write pipeline into the wider scope's namespace (create only; an existing
+/// key there is `revision_conflict`) and is `pending` whoever proposed it, until an
+/// approver approves or rejects it. Its provenance `source` is `promotion` and
+/// `source_run_id` names the promoted record and revision (`hm_...@N`).
+#[utoipa::path(post, path = "/v1/memory/{scope}/records/promote", tag = "memory",
+    params(ScopeParam, IdempotencyParam, MemoryHeaders),
+    request_body = MemoryPromoteRequest,
+    responses((status = 201, description = "Proposed (pending)", body = MemoryWriteResponse)))]
+async fn promote_memory(
+    State(state): State<AppState>,
+    Authenticated(caller): Authenticated,
+    ScopePath(scope): ScopePath,
+    _key: IdempotencyKey,
+    headers: MemoryCallHeaders,
+    SubjectHeader(named): SubjectHeader,
+    ApiJson(req): ApiJson<MemoryPromoteRequest>,
+) -> Result<(StatusCode, Json<MemoryWriteResponse>), ApiError> {
+    let call = resolve(&state, caller, &headers, named, BindingVerb::Update).await?;
+    crate::domain::memory::policy::authorize_read(&call.policy, &call.writer, scope)?;
+    pipeline::check_memory_key(&req.key)?;
+    let to: MemoryScope = req.to_scope.into();
+    if !pipeline::widens(scope, to) {
+        return Err(ApiError::invalid(format!(
+            "a promotion goes to a wider scope (user -> agent or organization, agent -> organization), not {} -> {}",
+            crate::domain::memory::scope_str(scope),
+            crate::domain::memory::scope_str(to)
+        )));
+    }
+    let from_ns = call.namespace(&state, scope)?;
+    let to_ns = call.namespace(&state, to)?;
+    let span = memory_span(Step::MemoryWrite, "memory.promote", &call);
+    let outcome = traced(span, async {
+        let source = state
+            .store()
+            .get_memory(&from_ns, &req.key, false, now_ms())
+            .await?
+            .ok_or_else(|| ApiError::not_found("memory"))?;
+        // A promotion is a proposal: the wider scope's write authorization is replaced
+        // by the approval every promotion waits for (`as_promotion`); scanning,
+        // redaction and the authority refusal still run on the copy.
+        let proposer = Writer {
+            is_application_writer: true,
+            ..call.writer.clone()
+        };
+        let prepared = pipeline::prepare(
+            Proposal {
+                memory_key: source.memory_key.clone(),
+                kind: source.kind,
+                media_type: source.media_type.clone(),
+                body: source.body.clone(),
+                importance: Some(source.importance),
+                embedding: source.embedding.clone(),
+                retention_policy: None,
+                source_run_id: None,
+                model_version: source.provenance.model_version.clone(),
+            },
+            &WriteContext {
+                namespace: &to_ns,
+                writer: &proposer,
+                policy: &call.policy,
+                deployment: &call.policies.deployment,
+                source_binding_id: Some(call.binding.binding_id.as_str().to_owned()),
+                harness: Some(call.binding.harness.clone()),
+                now_ms: now_ms(),
+            },
+        )?;
+        let record = pipeline::as_promotion(prepared, &source);
+        let fence = match (&call.caller, headers.epoch, headers.lease_generation) {
+            (Caller::Worker(_), Some(epoch), Some(lease_generation)) => Some(StateScope {
+                binding_id: call.binding.binding_id.clone(),
+                environment: state.keyring().environment().to_owned(),
+                harness: call.binding.harness.clone(),
+                epoch,
+                codec: "memory".into(),
+                lease_generation,
+            }),
+            _ => None,
+        };
+        Ok::<_, ApiError>(
+            state
+                .store()
+                .put_memory(&MemoryPut {
+                    record,
+                    expected_revision: None,
+                    consolidation: crate::domain::memory::Consolidation::Disabled,
+                    fence,
+                })
+                .await?,
+        )
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(outcome.into())))
 }
 
 /// Delete one memory at its current revision. Separate from a conversation clear, which

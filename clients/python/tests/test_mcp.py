@@ -540,3 +540,29 @@ async def test_feedback_is_bound_to_the_receipt_and_never_reorders_recall(server
             assert "hrr1." not in json.dumps(refused_fb.structured_content)
         after = await call(session, "recall", workspace_key=workspace, query="build cache")
         assert [h["record"]["id"] for h in after["results"]] == order, "feedback never changes recall order"
+
+
+async def test_a_promotion_is_a_proposal_that_waits_for_an_approver(server: Any, client: HarnessClient) -> None:
+    workspace = client.bind(f"pr.{uuid.uuid4().hex[:8]}", f"conv-{uuid.uuid4().hex}", harness="claude_agent_sdk").binding_id
+    async with over_http(server) as session:
+        stored = await call(
+            session, "store", workspace_key=workspace, scope="user", key="facts/region",
+            content="The primary region is eu-west.", idempotency_key=key(),
+        )
+        assert stored["record"]["approval_status"] in {"not_required", "approved"}
+        wrong_way = await session.call_tool(
+            "promote", {"workspace_key": workspace, "scope": "user", "key": "facts/region", "to_scope": "user", "idempotency_key": key()},
+        )
+        assert wrong_way.is_error and wrong_way.structured_content["error"]["code"] == "invalid"
+        result = await session.call_tool(
+            "promote", {"workspace_key": workspace, "scope": "user", "key": "facts/region", "to_scope": "agent", "idempotency_key": key()},
+        )
+        assert not result.is_error, result.structured_content
+        promoted = result.structured_content["record"]
+        assert (promoted["approval_status"], promoted["scope"]) == ("pending", "agent")
+        assert promoted["provenance"]["source"] == "promotion"
+        assert promoted["provenance"]["source_run_id"] == f"{stored['record']['id']}@{stored['record']['revision']}"
+        again = await session.call_tool(
+            "promote", {"workspace_key": workspace, "scope": "user", "key": "facts/region", "to_scope": "agent", "idempotency_key": key()},
+        )
+        assert again.is_error and again.structured_content["error"]["code"] == "revision_conflict"

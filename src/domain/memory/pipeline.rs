@@ -79,6 +79,28 @@ fn check_optional(what: &str, v: &Option<String>, max: usize) -> Result<(), Reje
 
 /// Steps 1 to 5. Returns the record to persist at revision 0 (the store assigns the
 /// revision) or the refusal.
+/// Whether `to` is wider than `from` (user -> agent or organization, agent ->
+/// organization): the only direction a promotion goes.
+pub fn widens(from: MemoryScope, to: MemoryScope) -> bool {
+    matches!(
+        (from, to),
+        (
+            MemoryScope::User,
+            MemoryScope::Agent | MemoryScope::Organization
+        ) | (MemoryScope::Agent, MemoryScope::Organization)
+    )
+}
+
+/// A prepared copy turned into a promotion proposal (`spec/003`: promotion is never
+/// automatic): whoever proposes it, it waits for an approver, and its provenance says
+/// it was promoted from `source` (a record id and revision).
+pub fn as_promotion(mut record: MemoryRecord, source: &MemoryRecord) -> MemoryRecord {
+    record.approval_status = ApprovalStatus::Pending;
+    record.provenance.source = "promotion".into();
+    record.provenance.source_run_id = Some(format!("{}@{}", source.id, source.revision));
+    record
+}
+
 pub fn prepare(proposal: Proposal, ctx: &WriteContext<'_>) -> Result<MemoryRecord, Rejection> {
     let ns = ctx.namespace;
     // 1. authorize scope, operation, agent and caller.
