@@ -386,6 +386,28 @@ impl HarnessMcp {
             .ok_or_else(|| refusal(json!({"code": "internal", "message": "the bind answered without a binding id", "details": {}})))
     }
 
+    /// Appends one event through `/v1` and answers with `shape` of the recorded event (a
+    /// refusal as the API's error).
+    async fn append_event(
+        &self,
+        ws: &str,
+        headers: &HeaderMap,
+        body: Value,
+        shape: fn(&Value) -> Value,
+    ) -> Result<CallToolResult, McpError> {
+        let path = format!("/v1/bindings/{ws}/runs/events");
+        match self
+            .v1
+            .call(Method::POST, &path, headers, Some(&body))
+            .await?
+        {
+            (status, answered) if status.is_success() => {
+                Ok(CallToolResult::structured(shape(&answered)))
+            }
+            (status, answered) => Ok(answer(status, answered)),
+        }
+    }
+
     async fn send(
         &self,
         method: Method,
@@ -717,6 +739,24 @@ impl HarnessMcp {
                 )
                 .await
             }
+            "annotate" => {
+                let headers = keyed(&self.fenced(&base, workspace, None).await?)?;
+                let body = json!({
+                    "type": "memory_annotated",
+                    "run_id": crate::domain::ledger::FEEDBACK_RUN,
+                    "turn_id": args.str("key")?,
+                    "agent_id": "mcp",
+                    "payload": {
+                        "scope": args.str("scope")?,
+                        "key": args.str("key")?,
+                        "note": args.str("note")?,
+                    },
+                });
+                self.append_event(&ws, &headers, body, |a| {
+                    json!({"annotation": a["event"]["payload"], "replayed": a["replayed"], "seq": a["event"]["seq"]})
+                })
+                .await
+            }
             "feedback" => {
                 let headers = keyed(&self.fenced(&base, workspace, None).await?)?;
                 let body = json!({
@@ -731,26 +771,10 @@ impl HarnessMcp {
                         "signal": args.str("signal")?,
                     },
                 });
-                match self
-                    .v1
-                    .call(
-                        Method::POST,
-                        &format!("/v1/bindings/{ws}/runs/events"),
-                        &headers,
-                        Some(&body),
-                    )
-                    .await
-                {
-                    Ok((status, answer_body)) if status.is_success() => {
-                        Ok(CallToolResult::structured(json!({
-                            "feedback": answer_body["event"]["payload"],
-                            "replayed": answer_body["replayed"],
-                            "seq": answer_body["event"]["seq"],
-                        })))
-                    }
-                    Ok((status, answer_body)) => Ok(answer(status, answer_body)),
-                    Err(e) => Err(e),
-                }
+                self.append_event(&ws, &headers, body, |a| {
+                    json!({"feedback": a["event"]["payload"], "replayed": a["replayed"], "seq": a["event"]["seq"]})
+                })
+                .await
             }
             "claim_signal" | "extend_signal_lease" | "ack_signal" => {
                 let signal_id = args.str("signal_id")?;
@@ -784,26 +808,10 @@ impl HarnessMcp {
                     "agent_id": "mcp",
                     "payload": payload,
                 });
-                match self
-                    .v1
-                    .call(
-                        Method::POST,
-                        &format!("/v1/bindings/{ws}/runs/events"),
-                        &headers,
-                        Some(&body),
-                    )
-                    .await
-                {
-                    Ok((status, answer_body)) if status.is_success() => {
-                        Ok(CallToolResult::structured(json!({
-                            "signal": answer_body["signal"],
-                            "replayed": answer_body["replayed"],
-                            "seq": answer_body["event"]["seq"],
-                        })))
-                    }
-                    Ok((status, answer_body)) => Ok(answer(status, answer_body)),
-                    Err(e) => Err(e),
-                }
+                self.append_event(&ws, &headers, body, |a| {
+                    json!({"signal": a["signal"], "replayed": a["replayed"], "seq": a["event"]["seq"]})
+                })
+                .await
             }
             other => Ok(refusal(json!({
                 "code": "unavailable",

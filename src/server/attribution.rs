@@ -79,6 +79,9 @@ pub async fn resolve(
     if event_type == EventType::MemoryFeedback {
         return feedback(state, record, scope, payload);
     }
+    if event_type == EventType::MemoryAnnotated {
+        return annotation(state, record, payload).await;
+    }
     if !event_type.attributes_memory() {
         return refuse_receipts(payload, event_type);
     }
@@ -136,6 +139,53 @@ fn feedback(
         "rank": r,
         "content_hash": item.content_hash,
         "signal": map.get("signal").cloned().unwrap_or(Value::Null),
+    });
+    Ok(())
+}
+
+/// `memory_annotated`: the caller names the memory by scope and key and writes a note;
+/// the server finds the memory in the workspace's memory context, records its id and
+/// exact content version, and stores the note only after the memory scanner: secrets
+/// are redacted and a note that tries to grant authority is refused.
+async fn annotation(
+    state: &AppState,
+    record: &BindingRecord,
+    payload: &mut Value,
+) -> Result<(), ApiError> {
+    let what = "memory_annotated payload";
+    refuse_receipts(payload, EventType::MemoryAnnotated)?;
+    let given = payload.clone();
+    let map = object(&given, what, &["scope", "key", "note"])?;
+    let scope_name = text(map, what, "scope")?;
+    let key = text(map, what, "key")?;
+    let note = text(map, what, "note")?;
+    if note.len() > 2048 {
+        return Err(invalid("a note is at most 2048 bytes"));
+    }
+    let scope = crate::domain::memory::parse_scope(scope_name)
+        .ok_or_else(|| invalid("scope must be user, agent or organization"))?;
+    if let Some(a) = crate::domain::memory::scan::authority_attempt(note) {
+        return Err(ApiError::forbidden(format!(
+            "the note tries to grant authority ({}); memory cannot grant tools, credentials, network destinations, models, sandbox profiles or scopes",
+            a.as_str()
+        )));
+    }
+    let (note, _) = crate::domain::memory::scan::redact(note);
+    let namespaces = namespaces_of(state, record);
+    let Some(ns) = namespaces.iter().find(|n| n.scope == scope) else {
+        return Err(invalid("this workspace has no memory in that scope"));
+    };
+    let current = state
+        .store()
+        .get_memory(ns, key, false, now_ms())
+        .await?
+        .ok_or_else(|| ApiError::not_found("memory"))?;
+    *payload = json!({
+        "memory_id": current.id,
+        "scope": scope_name,
+        "memory_key": key,
+        "content_hash": current.content_hash,
+        "note": note,
     });
     Ok(())
 }

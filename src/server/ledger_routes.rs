@@ -452,6 +452,9 @@ pub enum EventKind {
     /// Feedback on a memory of a signed recall (run id `memory`).
     #[serde(rename = "memory_feedback")]
     MemoryFeedback,
+    /// A note on a memory (run id `memory`).
+    #[serde(rename = "memory_annotated")]
+    MemoryAnnotated,
 }
 
 impl From<EventKind> for EventType {
@@ -480,6 +483,7 @@ impl From<EventKind> for EventType {
             EventKind::SignalLeaseExtended => EventType::SignalLeaseExtended,
             EventKind::SignalAcked => EventType::SignalAcked,
             EventKind::MemoryFeedback => EventType::MemoryFeedback,
+            EventKind::MemoryAnnotated => EventType::MemoryAnnotated,
         }
     }
 }
@@ -510,6 +514,7 @@ impl From<EventType> for EventKind {
             EventType::SignalLeaseExtended => EventKind::SignalLeaseExtended,
             EventType::SignalAcked => EventKind::SignalAcked,
             EventType::MemoryFeedback => EventKind::MemoryFeedback,
+            EventType::MemoryAnnotated => EventKind::MemoryAnnotated,
         }
     }
 }

@@ -67,10 +67,14 @@ pub enum EventType {
     /// review evidence only, recorded under run id `memory`; never changes ranking.
     #[serde(rename = "memory_feedback")]
     MemoryFeedback,
+    /// A note on a memory at its exact content version (run id `memory`); the content
+    /// version does not change.
+    #[serde(rename = "memory_annotated")]
+    MemoryAnnotated,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 23] = [
+    pub const ALL: [EventType; 24] = [
         EventType::RunStarted,
         EventType::RunCompleted,
         EventType::ContextAssembled,
@@ -94,6 +98,7 @@ impl EventType {
         EventType::SignalLeaseExtended,
         EventType::SignalAcked,
         EventType::MemoryFeedback,
+        EventType::MemoryAnnotated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -121,6 +126,7 @@ impl EventType {
             EventType::SignalLeaseExtended => "signal_lease_extended",
             EventType::SignalAcked => "signal_acked",
             EventType::MemoryFeedback => "memory_feedback",
+            EventType::MemoryAnnotated => "memory_annotated",
         }
     }
 
@@ -143,7 +149,7 @@ impl EventType {
             EventType::SignalClaimed | EventType::SignalLeaseExtended | EventType::SignalAcked => {
                 Some(super::signal::SIGNAL_RUN)
             }
-            EventType::MemoryFeedback => Some(FEEDBACK_RUN),
+            EventType::MemoryFeedback | EventType::MemoryAnnotated => Some(FEEDBACK_RUN),
             _ => None,
         }
     }

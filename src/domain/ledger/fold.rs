@@ -476,6 +476,9 @@ impl LedgerState {
             super::signal::apply(&mut self.signals, event);
             return;
         }
+        if event.event_type == EventType::MemoryAnnotated {
+            return;
+        }
         if event.event_type == EventType::MemoryFeedback {
             let text = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
             self.memory_feedback.insert(

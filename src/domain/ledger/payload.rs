@@ -470,6 +470,22 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
         EventType::MemoryRecalled | EventType::MemoryApplied | EventType::MemoryRejected => {
             validate_attribution(t, field(map, t, "memory_attribution")?)
         }
+        EventType::MemoryAnnotated => {
+            string_field(map, t, "memory_id")?;
+            string_field(map, t, "scope")?;
+            string_field(map, t, "memory_key")?;
+            if !map
+                .get("content_hash")
+                .and_then(Value::as_str)
+                .is_some_and(is_sha256)
+            {
+                return Err(Rejection::Invalid(
+                    "memory_annotated payload field `content_hash` must be sha256: and 64 hex digits (the server sets it)".into(),
+                ));
+            }
+            optional_string(map, t, "note", 2048)?;
+            string_field(map, t, "note").map(|_| ())
+        }
         EventType::MemoryFeedback => {
             string_field(map, t, "memory_id")?;
             for k in ["receipt_hash", "content_hash"] {
