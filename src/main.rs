@@ -437,26 +437,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry =
         telemetry::init_with_logs(Some(harness_engine::operator::logging::layer(log_format)))
             .context("starting telemetry (OTEL_* settings)")?;
+    let (limits, memory, config) = local_settings(&args)?;
     let setup = local::prepare(
-        args.data_dir,
-        args.tokens_file,
-        args.identity_key_file,
+        args.data_dir.clone(),
+        args.tokens_file.clone(),
+        args.identity_key_file.clone(),
         &args.environment,
     )
     .context("preparing the data directory")?;
-    let mut limits = Limits::default();
-    if let Some(rate) = args.writes_per_second {
-        limits.writes_per_second = rate;
-    }
-    if let Some(burst) = args.write_burst {
-        limits.write_burst = burst;
-    }
-    let memory = server::memory_config::load(args.memory_config.as_deref(), &args.memory_policies)
-        .context("loading memory policy")?;
-    let mut config = ServerConfig::new(limits.clone());
-    config.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
-    config.trace_ingress = args.trace_ingress;
-    args.budgets.apply(&mut config.ledger_budgets);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -465,18 +453,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry_ref = &telemetry;
     let served = runtime.block_on(async move {
         let telemetry = telemetry_ref;
-        let store: Arc<dyn Store> = match &args.mongodb_uri {
-            Some(uri) => Arc::new(
-                harness_engine::store::mongo::MongoStore::connect(uri, &args.mongodb_database, limits)
-                    .await
-                    .context("connecting to MongoDB")?,
-            ),
-            None => Arc::new(
-                SqliteStore::open(&setup.database, limits)
-                    .await
-                    .with_context(|| format!("opening {}", setup.database.display()))?,
-            ),
-        };
+        let store = open_local_store(&args, &setup.database, limits).await?;
         let api = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
         let admin = tokio::net::TcpListener::bind(args.admin_listen).await.with_context(|| format!("binding {}", args.admin_listen))?;
         let api_addr = api.local_addr()?;
@@ -522,6 +499,52 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
+/// What `serve` and `mcp --stdio` derive from their flags: store limits, the memory
+/// policies and the server settings.
+fn local_settings(
+    args: &ServeArgs,
+) -> anyhow::Result<(
+    Limits,
+    harness_engine::domain::memory::policy::MemoryPolicySet,
+    ServerConfig,
+)> {
+    let mut limits = Limits::default();
+    if let Some(rate) = args.writes_per_second {
+        limits.writes_per_second = rate;
+    }
+    if let Some(burst) = args.write_burst {
+        limits.write_burst = burst;
+    }
+    let memory = server::memory_config::load(args.memory_config.as_deref(), &args.memory_policies)
+        .context("loading memory policy")?;
+    let mut config = ServerConfig::new(limits.clone());
+    config.request_timeout = Duration::from_millis(args.request_timeout_ms.max(1));
+    config.trace_ingress = args.trace_ingress;
+    args.budgets.apply(&mut config.ledger_budgets);
+    Ok((limits, memory, config))
+}
+
+/// The store of `serve` and `mcp --stdio`: MongoDB when a URI is given, else the
+/// embedded SQLite file of the data directory.
+async fn open_local_store(
+    args: &ServeArgs,
+    database: &std::path::Path,
+    limits: Limits,
+) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match &args.mongodb_uri {
+        Some(uri) => Arc::new(
+            harness_engine::store::mongo::MongoStore::connect(uri, &args.mongodb_database, limits)
+                .await
+                .context("connecting to MongoDB")?,
+        ),
+        None => Arc::new(
+            SqliteStore::open(database, limits)
+                .await
+                .with_context(|| format!("opening {}", database.display()))?,
+        ),
+    })
+}
+
 fn mcp_stdio(args: McpArgs) -> anyhow::Result<()> {
     if !args.stdio {
         anyhow::bail!(
@@ -533,10 +556,11 @@ fn mcp_stdio(args: McpArgs) -> anyhow::Result<()> {
         harness_engine::operator::logging::LogFormat::Text,
     )))
     .context("starting telemetry (OTEL_* settings)")?;
+    let (limits, memory, config) = local_settings(&serve_args)?;
     let mut setup = local::prepare(
-        serve_args.data_dir,
-        serve_args.tokens_file,
-        serve_args.identity_key_file,
+        serve_args.data_dir.clone(),
+        serve_args.tokens_file.clone(),
+        serve_args.identity_key_file.clone(),
         &serve_args.environment,
     )
     .context("preparing the data directory")?;
@@ -546,22 +570,6 @@ fn mcp_stdio(args: McpArgs) -> anyhow::Result<()> {
         .tokens
         .add_ephemeral(local::LOCAL_PRINCIPAL, &[local::LOCAL_SUBJECT.to_owned()])
         .context("minting the local agent's token")?;
-    let mut limits = Limits::default();
-    if let Some(rate) = serve_args.writes_per_second {
-        limits.writes_per_second = rate;
-    }
-    if let Some(burst) = serve_args.write_burst {
-        limits.write_burst = burst;
-    }
-    let memory = server::memory_config::load(
-        serve_args.memory_config.as_deref(),
-        &serve_args.memory_policies,
-    )
-    .context("loading memory policy")?;
-    let mut config = ServerConfig::new(limits.clone());
-    config.request_timeout = Duration::from_millis(serve_args.request_timeout_ms.max(1));
-    config.trace_ingress = serve_args.trace_ingress;
-    serve_args.budgets.apply(&mut config.ledger_budgets);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -571,22 +579,7 @@ fn mcp_stdio(args: McpArgs) -> anyhow::Result<()> {
         harness: args.harness,
     };
     let served = runtime.block_on(async move {
-        let store: Arc<dyn Store> = match &serve_args.mongodb_uri {
-            Some(uri) => Arc::new(
-                harness_engine::store::mongo::MongoStore::connect(
-                    uri,
-                    &serve_args.mongodb_database,
-                    limits,
-                )
-                .await
-                .context("connecting to MongoDB")?,
-            ),
-            None => Arc::new(
-                SqliteStore::open(&setup.database, limits)
-                    .await
-                    .with_context(|| format!("opening {}", setup.database.display()))?,
-            ),
-        };
+        let store = open_local_store(&serve_args, &setup.database, limits).await?;
         let state = AppState::new(store, setup.keyring, Arc::new(setup.tokens), config);
         state.memory_policies().replace(memory);
         eprintln!(

@@ -533,6 +533,20 @@ pub struct VersionsBody {
     pub policy: String,
 }
 
+impl From<VersionsBody> for Versions {
+    /// The caller's versions; the reducer's is the server's to set.
+    fn from(v: VersionsBody) -> Self {
+        Versions {
+            reducer: String::new(),
+            schema: v.schema,
+            model: v.model,
+            prompt: v.prompt,
+            tools: v.tools,
+            policy: v.policy,
+        }
+    }
+}
+
 /// An event as a worker proposes it. The server mints `event_id`, `seq`, the Lamport
 /// value (`max(seen, lamport) + 1`), `recorded_at_ms`, `intent_hash` and
 /// `versions.reducer`.
@@ -1366,14 +1380,7 @@ async fn append_event(
             turn_id: body.turn_id,
             agent_id: body.agent_id,
             lamport: body.lamport,
-            versions: Versions {
-                reducer: String::new(),
-                schema: body.versions.schema,
-                model: body.versions.model,
-                prompt: body.versions.prompt,
-                tools: body.versions.tools,
-                policy: body.versions.policy,
-            },
+            versions: body.versions.into(),
             payload,
         },
         idempotency: Some(idempotency),
@@ -1559,14 +1566,7 @@ async fn begin_run(
             turn_id: body.turn_id.unwrap_or_else(|| work_item_id.clone()),
             agent_id: body.agent_id,
             lamport: None,
-            versions: Versions {
-                reducer: String::new(),
-                schema: body.versions.schema,
-                model: body.versions.model,
-                prompt: body.versions.prompt,
-                tools: body.versions.tools,
-                policy: body.versions.policy,
-            },
+            versions: body.versions.into(),
             payload,
         },
         idempotency: Some(idempotency.clone()),

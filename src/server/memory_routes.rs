@@ -574,6 +574,26 @@ async fn resolve(
     })
 }
 
+/// A worker's write is fenced by the lease it holds (checked in `resolve` against its
+/// credentials, and by the store against the binding's fence); other callers' are not.
+fn worker_fence(
+    state: &AppState,
+    call: &MemoryCall,
+    headers: &MemoryCallHeaders,
+) -> Option<StateScope> {
+    match (&call.caller, headers.epoch, headers.lease_generation) {
+        (Caller::Worker(_), Some(epoch), Some(lease_generation)) => Some(StateScope {
+            binding_id: call.binding.binding_id.clone(),
+            environment: state.keyring().environment().to_owned(),
+            harness: call.binding.harness.clone(),
+            epoch,
+            codec: "memory".into(),
+            lease_generation,
+        }),
+        _ => None,
+    }
+}
+
 /// A `memory.read` / `memory.write` span under `harness.request` (spec 000 topology):
 /// the operation and the binding id (a keyed digest), never a key, namespace or body.
 fn memory_span(step: Step, operation: &'static str, call: &MemoryCall) -> tracing::Span {
@@ -814,19 +834,7 @@ async fn put_memory(
                 now_ms: now_ms(),
             },
         )?;
-        // A worker's write is fenced by the lease it holds (checked in `resolve` against its
-        // credentials, and by the store against the binding's fence).
-        let fence = match (&call.caller, headers.epoch, headers.lease_generation) {
-            (Caller::Worker(_), Some(epoch), Some(lease_generation)) => Some(StateScope {
-                binding_id: call.binding.binding_id.clone(),
-                environment: state.keyring().environment().to_owned(),
-                harness: call.binding.harness.clone(),
-                epoch,
-                codec: "memory".into(),
-                lease_generation,
-            }),
-            _ => None,
-        };
+        let fence = worker_fence(&state, &call, &headers);
         let outcome = state
             .store()
             .put_memory(&MemoryPut {
@@ -931,17 +939,7 @@ async fn promote_memory(
             },
         )?;
         let record = pipeline::as_promotion(prepared, &source);
-        let fence = match (&call.caller, headers.epoch, headers.lease_generation) {
-            (Caller::Worker(_), Some(epoch), Some(lease_generation)) => Some(StateScope {
-                binding_id: call.binding.binding_id.clone(),
-                environment: state.keyring().environment().to_owned(),
-                harness: call.binding.harness.clone(),
-                epoch,
-                codec: "memory".into(),
-                lease_generation,
-            }),
-            _ => None,
-        };
+        let fence = worker_fence(&state, &call, &headers);
         Ok::<_, ApiError>(
             state
                 .store()
