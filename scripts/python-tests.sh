@@ -76,6 +76,7 @@ run_suites() { # NAME [pytest arguments...]
   HARNESS_ENGINE_TEST_ENDPOINT=$api \
     HARNESS_ENGINE_TEST_TOKEN_FILE=$work/$name/token \
     HARNESS_ENGINE_TEST_DATA_DIR=$data \
+    HARNESS_ENGINE_TEST_MEMORY_POLICY=$repo/tests/fixtures/memory_policy_all_agents.yaml \
     HARNESS_ENGINE_BIN=$bin \
     "$python_venv" -m pytest -q -p no:cacheprovider "$@" || status=$?
   if grep -q panicked "$work/$name/serve.err"; then
