@@ -751,3 +751,112 @@ pub async fn ledger_episode_work_tree_and_corrections<S: Store + ?Sized>(store: 
         "the stored head is the events folded again"
     );
 }
+
+/// Leased signals (spec 003 "claim_signal", "extend_signal_lease", "ack_signal"): of many
+/// concurrent claims exactly one holds the signal; a held signal refuses other claims;
+/// an expired lease is taken over with a higher fencing token, after which the old
+/// token neither extends nor acknowledges; an acknowledged signal is claimed again with
+/// the next token; refusals append nothing; the head is the events folded again.
+pub async fn ledger_signals_have_one_holder_and_rising_tokens<S: Store + ?Sized>(store: &S) {
+    use harness_engine::domain::ledger::signal::{SIGNAL_RUN, SignalState};
+    let (_, scope) = new_binding(store, "ledger-signals").await;
+    let ev = |t: EventType, payload: Value| event(t, SIGNAL_RUN, "t1", payload);
+    let claim = |holder: &str, lease_ms: u64| {
+        request(ev(
+            EventType::SignalClaimed,
+            json!({"signal_id": "deploy-lock", "holder": holder, "lease_ms": lease_ms}),
+        ))
+    };
+    let claims: Vec<AppendRequest> = (0..8)
+        .map(|i| claim(&format!("agent-{i}"), 1_000))
+        .collect();
+    let raced = join_all(claims.iter().map(|r| store.append_event(&scope, r))).await;
+    let winners: Vec<&LedgerAppend> = raced.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one of eight concurrent claims holds");
+    for lost in raced.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(lost.code(), "conflict", "{lost}");
+    }
+    let first = store.ledger_state(&scope).await.expect("state");
+    assert_eq!(first.last_seq, 1, "the refused claims appended nothing");
+    let held = &first.signals["deploy-lock"];
+    assert_eq!((held.fencing_token, held.state), (1, SignalState::Held));
+    let first_holder = held.holder.clone();
+    let err = store.append_event(&scope, &claim("late", 60_000)).await;
+    assert_eq!(code(err), "conflict", "a held signal refuses another claim");
+
+    // The one-second lease runs out by the store's clock; another agent takes over.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    append(store, &scope, &claim("agent-z", 60_000)).await;
+    let taken = store.ledger_state(&scope).await.expect("state");
+    let now = &taken.signals["deploy-lock"];
+    assert_eq!((now.holder.as_str(), now.fencing_token), ("agent-z", 2));
+    assert_ne!(first_holder, "agent-z");
+    for t in [EventType::SignalLeaseExtended, EventType::SignalAcked] {
+        let stale = store
+            .append_event(
+                &scope,
+                &request(ev(
+                    t,
+                    json!({"signal_id": "deploy-lock", "fencing_token": 1, "lease_ms": 60_000}),
+                )),
+            )
+            .await;
+        assert_eq!(code(stale), "conflict", "{t:?} with the superseded token");
+    }
+    let missing = store
+        .append_event(
+            &scope,
+            &request(ev(
+                EventType::SignalAcked,
+                json!({"signal_id": "nothing", "fencing_token": 1}),
+            )),
+        )
+        .await;
+    assert_eq!(code(missing), "not_found");
+    assert_eq!(last_seq(store, &scope).await, 2, "refusals appended nothing");
+    append(
+        store,
+        &scope,
+        &request(ev(
+            EventType::SignalLeaseExtended,
+            json!({"signal_id": "deploy-lock", "fencing_token": 2, "lease_ms": 120_000}),
+        )),
+    )
+    .await;
+    append(
+        store,
+        &scope,
+        &request(ev(
+            EventType::SignalAcked,
+            json!({"signal_id": "deploy-lock", "fencing_token": 2}),
+        )),
+    )
+    .await;
+    let twice = store
+        .append_event(
+            &scope,
+            &request(ev(
+                EventType::SignalAcked,
+                json!({"signal_id": "deploy-lock", "fencing_token": 2}),
+            )),
+        )
+        .await;
+    assert_eq!(code(twice), "conflict", "an acknowledgement is final");
+    append(store, &scope, &claim("agent-y", 60_000)).await;
+    let head = store.ledger_state(&scope).await.expect("state");
+    let again = &head.signals["deploy-lock"];
+    assert_eq!(
+        (again.holder.as_str(), again.fencing_token, again.state),
+        ("agent-y", 3, SignalState::Held)
+    );
+    let events = store
+        .ledger_events(&scope, Some(SIGNAL_RUN), 0, 100)
+        .await
+        .expect("events");
+    assert_eq!(events.len(), 5);
+    assert_eq!(
+        LedgerState::replay(&events),
+        head,
+        "the stored head is the events folded again"
+    );
+}

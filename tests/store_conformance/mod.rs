@@ -1630,6 +1630,7 @@ pub const CASES: &[&str] = &[
     "ledger_run_read_replays_and_snapshots",
     "ledger_concurrent_appends_have_no_gaps",
     "ledger_episode_work_tree_and_corrections",
+    "ledger_signals_have_one_holder_and_rising_tokens",
 ];
 
 /// Declares one `#[tokio::test]` per case for a backend. `$open` is an async expression
@@ -1674,11 +1675,12 @@ macro_rules! conformance_tests {
             ledger_approval_gates_tools_without_defence,
             ledger_run_read_replays_and_snapshots,
             ledger_concurrent_appends_have_no_gaps,
-            ledger_episode_work_tree_and_corrections
+            ledger_episode_work_tree_and_corrections,
+            ledger_signals_have_one_holder_and_rising_tokens
         );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 27, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 28, "add new cases to conformance_tests!");
         }
     };
     (@ledger $open:expr, $close:expr; $($case:ident),+) => {
