@@ -50,11 +50,21 @@ fn start() -> Setup {
     Setup { _dir: dir, server }
 }
 
+/// A fresh idempotency key per write: the same key with another request is
+/// `idempotency_mismatch`.
+fn next_key() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "put-{}",
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 async fn put(api: &Api, binding: &str, scope: &str, body: Value) -> Reply {
     send(
         api.req(Method::PUT, &format!("/v1/memory/{scope}/records"))
             .header("Harness-Binding", binding)
-            .header("Idempotency-Key", "memory-test-put")
+            .header("Idempotency-Key", next_key())
             .json(&body),
     )
     .await

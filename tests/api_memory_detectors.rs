@@ -37,11 +37,21 @@ fn start() -> (tempfile::TempDir, api_support::Serve) {
     (dir, server)
 }
 
+/// A fresh idempotency key per write: the same key with another request is
+/// `idempotency_mismatch`.
+fn next_key() -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "put-{}",
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 async fn put(api: &Api, binding: &str, body: Value) -> Reply {
     send(
         api.req(Method::PUT, "/v1/memory/user/records")
             .header("Harness-Binding", binding)
-            .header("Idempotency-Key", "detectors-put")
+            .header("Idempotency-Key", next_key())
             .json(&body),
     )
     .await

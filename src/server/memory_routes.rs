@@ -291,6 +291,10 @@ pub struct MemoryWriteResponse {
     #[schema(value_type = String, example = "created")]
     pub outcome: WriteOutcomeKind,
     pub record: MemoryRecordView,
+    /// An identical retry (same `Idempotency-Key`, same request) of a write whose
+    /// revision is still current: nothing was written; `outcome` and `record` are that
+    /// write's.
+    pub replayed: bool,
 }
 
 impl From<MemoryWriteOutcome> for MemoryWriteResponse {
@@ -298,7 +302,29 @@ impl From<MemoryWriteOutcome> for MemoryWriteResponse {
         MemoryWriteResponse {
             outcome: o.outcome,
             record: o.record.into(),
+            replayed: o.replayed,
         }
+    }
+}
+
+/// What a keyed write leaves on its revision: the key's keyed digest (bound to the
+/// binding and the operation; the key itself is never stored) and the digest of the
+/// request, so a retry can be told from a reuse.
+fn write_key(
+    state: &AppState,
+    call: &MemoryCall,
+    operation: &str,
+    key: &str,
+    request: &serde_json::Value,
+) -> crate::domain::memory::WriteKey {
+    crate::domain::memory::WriteKey {
+        key: state
+            .keyring()
+            .idempotency_digest(&call.binding.binding_id, operation, key)
+            .as_str()
+            .to_owned(),
+        request: crate::domain::ids::content_digest(request.to_string().as_bytes()),
+        outcome: WriteOutcomeKind::Created,
     }
 }
 
@@ -789,13 +815,27 @@ async fn put_memory(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     ScopePath(scope): ScopePath,
-    _key: IdempotencyKey,
+    IdempotencyKey(key): IdempotencyKey,
     headers: MemoryCallHeaders,
     SubjectHeader(named): SubjectHeader,
     ApiJson(req): ApiJson<MemoryPutRequest>,
 ) -> Result<(StatusCode, Json<MemoryWriteResponse>), ApiError> {
     let call = resolve(&state, caller, &headers, named, BindingVerb::Update).await?;
     let ns = call.namespace(&state, scope)?;
+    let write_key = write_key(
+        &state,
+        &call,
+        "memory.put",
+        &key,
+        &serde_json::json!({
+            "scope": crate::domain::memory::scope_str(scope), "key": &req.key,
+            "kind": crate::domain::memory::kind_str(req.kind.into()),
+            "media_type": &req.media_type, "content": &req.content,
+            "importance": req.importance, "embedding": &req.embedding,
+            "retention_policy": &req.retention_policy, "run_id": &req.run_id,
+            "model_version": &req.model_version, "expected_revision": req.expected_revision,
+        }),
+    );
     if req
         .content
         .split(|c: char| c.is_whitespace() || c == '"' || c == '\'')
@@ -834,6 +874,8 @@ async fn put_memory(
                 now_ms: now_ms(),
             },
         )?;
+        let mut record = record;
+        record.provenance.write_key = Some(write_key);
         let fence = worker_fence(&state, &call, &headers);
         let outcome = state
             .store()
@@ -884,12 +926,22 @@ async fn promote_memory(
     State(state): State<AppState>,
     Authenticated(caller): Authenticated,
     ScopePath(scope): ScopePath,
-    _key: IdempotencyKey,
+    IdempotencyKey(key): IdempotencyKey,
     headers: MemoryCallHeaders,
     SubjectHeader(named): SubjectHeader,
     ApiJson(req): ApiJson<MemoryPromoteRequest>,
 ) -> Result<(StatusCode, Json<MemoryWriteResponse>), ApiError> {
     let call = resolve(&state, caller, &headers, named, BindingVerb::Update).await?;
+    let write_key = write_key(
+        &state,
+        &call,
+        "memory.promote",
+        &key,
+        &serde_json::json!({
+            "scope": crate::domain::memory::scope_str(scope), "key": &req.key,
+            "to_scope": crate::domain::memory::scope_str(req.to_scope.into()),
+        }),
+    );
     crate::domain::memory::policy::authorize_read(&call.policy, &call.writer, scope)?;
     pipeline::check_memory_key(&req.key)?;
     let to: MemoryScope = req.to_scope.into();
@@ -938,7 +990,8 @@ async fn promote_memory(
                 now_ms: now_ms(),
             },
         )?;
-        let record = pipeline::as_promotion(prepared, &source);
+        let mut record = pipeline::as_promotion(prepared, &source);
+        record.provenance.write_key = Some(write_key);
         let fence = worker_fence(&state, &call, &headers);
         Ok::<_, ApiError>(
             state

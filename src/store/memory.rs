@@ -162,6 +162,44 @@ pub trait MemoryStore: Send + Sync {
     async fn load_memories(&self, records: Vec<MemoryRecord>) -> Result<u64>;
 }
 
+/// What a put does: write a new revision, or answer an identical retry with the revision
+/// its first attempt made (nothing written, nothing audited again).
+#[derive(Debug)]
+pub enum PutPlan {
+    Write(MemoryRecord, WriteOutcomeKind),
+    Replay(MemoryWriteOutcome),
+}
+
+/// Decides a put against the current record. A keyed write whose key made the current
+/// revision is a retry: the same request is answered with that revision, another
+/// request under the same key is refused. (Once a later write has replaced that
+/// revision, a retry is judged like any write: by its expected revision.)
+pub fn plan_put(
+    current: Option<&MemoryRecord>,
+    put: &MemoryPut,
+) -> std::result::Result<PutPlan, Rejection> {
+    if let (Some(cur), Some(key)) = (current, &put.record.provenance.write_key)
+        && let Some(made) = &cur.provenance.write_key
+        && made.key == key.key
+    {
+        if made.request != key.request {
+            return Err(Rejection::IdempotencyMismatch);
+        }
+        return Ok(PutPlan::Replay(MemoryWriteOutcome {
+            outcome: made.outcome,
+            record: cur.clone(),
+            replayed: true,
+        }));
+    }
+    plan_write(current, put).map(|(record, outcome)| {
+        let mut record = record;
+        if let Some(key) = &mut record.provenance.write_key {
+            key.outcome = outcome;
+        }
+        PutPlan::Write(record, outcome)
+    })
+}
+
 /// Step 6 of the pipeline: the record a put writes, given the current one.
 /// - no current record: create at revision 1 when `expected_revision` is `None` or 0;
 ///   a positive expectation is a conflict with actual 0;
@@ -169,7 +207,7 @@ pub trait MemoryStore: Send + Sync {
 ///   the replaced one);
 /// - otherwise, with `merge`: [`consolidate`] (a new revision recording every source
 ///   revision); without: `revision_conflict`.
-pub fn plan_put(
+fn plan_write(
     current: Option<&MemoryRecord>,
     put: &MemoryPut,
 ) -> std::result::Result<(MemoryRecord, WriteOutcomeKind), Rejection> {

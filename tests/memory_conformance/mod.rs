@@ -1174,6 +1174,7 @@ pub const CASES: &[&str] = &[
     "provenance_round_trips_and_ranking_uses_it",
     "worker_writes_are_fenced",
     "listing_and_counts_stay_in_the_namespace",
+    "keyed_writes_replay_and_refuse_reuse",
 ];
 
 #[macro_export]
@@ -1195,11 +1196,12 @@ macro_rules! memory_conformance_tests {
             revoking_a_source_thread_marks_its_episodic_references,
             provenance_round_trips_and_ranking_uses_it,
             worker_writes_are_fenced,
-            listing_and_counts_stay_in_the_namespace
+            listing_and_counts_stay_in_the_namespace,
+            keyed_writes_replay_and_refuse_reuse
         );
         #[test]
         fn every_memory_case_is_wired() {
-            assert_eq!(memory_conformance::CASES.len(), 11, "add new cases to memory_conformance_tests!");
+            assert_eq!(memory_conformance::CASES.len(), 12, "add new cases to memory_conformance_tests!");
         }
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {
@@ -1279,4 +1281,90 @@ pub async fn listing_and_counts_stay_in_the_namespace<S: Store + ?Sized>(store: 
         26,
         "the expired record is not counted"
     );
+}
+
+/// A keyed write is idempotent (spec 003 "Idempotency And Trust Boundary"): the same key
+/// with the same request is answered with the revision that write made and writes
+/// nothing (no new revision, no second audit); the same key with another request is
+/// `idempotency_mismatch`; once another write replaced that revision, the retry is
+/// judged by its expected revision; the key survives a round trip through the store.
+pub async fn keyed_writes_replay_and_refuse_reuse<S: Store + ?Sized>(store: &S) {
+    use harness_engine::domain::memory::{WriteKey, WriteOutcomeKind};
+    let set = policies(deployment());
+    let mine = ns("kate", "agent-keys", MemoryScope::User);
+    let keyed = |body: &str, key: &str, request: &str, expected: Option<u64>| {
+        let set = set.clone();
+        let mine = mine.clone();
+        let body = body.to_owned();
+        let write_key = WriteKey {
+            key: key.into(),
+            request: request.into(),
+            outcome: WriteOutcomeKind::Created,
+        };
+        async move {
+            let policy = set.effective(&mine.agent_id);
+            let mut record = prepare(
+                proposal("prefs/editor", &body),
+                &WriteContext {
+                    namespace: &mine,
+                    writer: &worker(),
+                    policy: &policy,
+                    deployment: &set.deployment,
+                    source_binding_id: None,
+                    harness: None,
+                    now_ms: now_ms(),
+                },
+            )
+            .expect("prepare");
+            record.provenance.write_key = Some(write_key);
+            store
+                .put_memory(&MemoryPut {
+                    record,
+                    expected_revision: expected,
+                    consolidation: policy.consolidation,
+                    fence: None,
+                })
+                .await
+        }
+    };
+    let first = keyed("The user edits in Helix.", "k1", "r1", None)
+        .await
+        .expect("first write");
+    assert_eq!(
+        (first.outcome, first.replayed),
+        (WriteOutcomeKind::Created, false)
+    );
+    let again = keyed("The user edits in Helix.", "k1", "r1", None)
+        .await
+        .expect("identical retry");
+    assert!(again.replayed, "an identical retry is a replay");
+    assert_eq!(again.outcome, WriteOutcomeKind::Created);
+    assert_eq!(again.record.revision, 1, "nothing new was written");
+    assert_eq!(again.record.id, first.record.id);
+    let reuse = keyed("The user edits in Vim.", "k1", "r2", None)
+        .await
+        .expect_err("same key, another request");
+    assert_eq!(code(&reuse), "idempotency_mismatch");
+    let stored = store
+        .get_memory(&mine, "prefs/editor", true, now_ms())
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(stored.revision, 1);
+    assert_eq!(
+        stored.provenance.write_key.as_ref().map(|k| k.key.as_str()),
+        Some("k1"),
+        "the key's digest round-trips through the store"
+    );
+    let second = keyed("The user edits in Zed.", "k2", "r3", Some(1))
+        .await
+        .expect("another keyed write");
+    assert_eq!(
+        (second.outcome, second.record.revision),
+        (WriteOutcomeKind::Updated, 2)
+    );
+    let late = keyed("The user edits in Helix.", "k1", "r1", None)
+        .await
+        .expect_err("the first write's revision was replaced");
+    assert!(matches!(code(&late), "revision_conflict"), "{late}");
 }

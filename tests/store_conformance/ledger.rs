@@ -772,7 +772,11 @@ pub async fn ledger_signals_have_one_holder_and_rising_tokens<S: Store + ?Sized>
         .collect();
     let raced = join_all(claims.iter().map(|r| store.append_event(&scope, r))).await;
     let winners: Vec<&LedgerAppend> = raced.iter().filter_map(|r| r.as_ref().ok()).collect();
-    assert_eq!(winners.len(), 1, "exactly one of eight concurrent claims holds");
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one of eight concurrent claims holds"
+    );
     for lost in raced.iter().filter_map(|r| r.as_ref().err()) {
         assert_eq!(lost.code(), "conflict", "{lost}");
     }
@@ -813,7 +817,11 @@ pub async fn ledger_signals_have_one_holder_and_rising_tokens<S: Store + ?Sized>
         )
         .await;
     assert_eq!(code(missing), "not_found");
-    assert_eq!(last_seq(store, &scope).await, 2, "refusals appended nothing");
+    assert_eq!(
+        last_seq(store, &scope).await,
+        2,
+        "refusals appended nothing"
+    );
     append(
         store,
         &scope,

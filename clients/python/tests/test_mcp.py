@@ -312,6 +312,7 @@ async def test_a_correction_keeps_terminal_at(server: Any, connect: Any, workspa
 
 
 async def test_memory_goes_through_the_governed_pipeline(server: Any, connect: Any, workspace: str) -> None:
+    stored_key = key()
     async with connect() as session:
         stored = await call(
             session,
@@ -320,9 +321,24 @@ async def test_memory_goes_through_the_governed_pipeline(server: Any, connect: A
             scope="user",
             key="prefs/language",
             content="The user prefers answers in Rust.",
-            idempotency_key=key(),
+            idempotency_key=stored_key,
         )
         record = stored["record"]
+        assert stored["replayed"] is False
+        # An identical retry (same key, same request) answers with the original record
+        # and writes nothing; the same key with another request is refused.
+        store_key = stored_key
+        again = await call(
+            session, "store", workspace_key=workspace, scope="user", key="prefs/language",
+            content="The user prefers answers in Rust.", idempotency_key=store_key,
+        )
+        assert (again["replayed"], again["outcome"], again["record"]["revision"]) == (True, stored["outcome"], record["revision"])
+        assert again["record"]["id"] == record["id"]
+        reuse = await refused(
+            session, "store", workspace_key=workspace, scope="user", key="prefs/language",
+            content="The user prefers answers in Go.", idempotency_key=store_key,
+        )
+        assert reuse["code"] == "idempotency_mismatch"
         secret = await call(
             session,
             "store",
@@ -595,11 +611,14 @@ async def test_a_promotion_is_a_proposal_that_waits_for_an_approver(server: Any,
             "promote", {"workspace_key": workspace, "scope": "user", "key": "facts/region", "to_scope": "user", "idempotency_key": key()},
         )
         assert wrong_way.is_error and wrong_way.structured_content["error"]["code"] == "invalid"
+        promote_key = key()
         result = await session.call_tool(
-            "promote", {"workspace_key": workspace, "scope": "user", "key": "facts/region", "to_scope": "agent", "idempotency_key": key()},
+            "promote", {"workspace_key": workspace, "scope": "user", "key": "facts/region", "to_scope": "agent", "idempotency_key": promote_key},
         )
         assert not result.is_error, result.structured_content
         promoted = result.structured_content["record"]
+        retried = await call(session, "promote", workspace_key=workspace, scope="user", key="facts/region", to_scope="agent", idempotency_key=promote_key)
+        assert (retried["replayed"], retried["record"]["id"]) == (True, promoted["id"])
         assert (promoted["approval_status"], promoted["scope"]) == ("pending", "agent")
         assert promoted["provenance"]["source"] == "promotion"
         assert promoted["provenance"]["source_run_id"] == f"{stored['record']['id']}@{stored['record']['revision']}"

@@ -174,6 +174,21 @@ pub struct Provenance {
     pub source_run_id: Option<String>,
     pub harness: Option<String>,
     pub model_version: Option<String>,
+    /// The idempotency key of the write that made this revision (its keyed digest, never
+    /// the key), so an identical retry finds it. Stored, never shown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_key: Option<WriteKey>,
+}
+
+/// What a keyed write leaves on the revision it made: the key's digest, the digest of
+/// the request it came with, and what the write did. A retry with the same key and the
+/// same request is answered with that revision; the same key with another request is
+/// refused (`idempotency_mismatch`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteKey {
+    pub key: String,
+    pub request: String,
+    pub outcome: WriteOutcomeKind,
 }
 
 /// The approval record: who decided, when, why.
@@ -259,6 +274,9 @@ pub enum WriteOutcomeKind {
 pub struct MemoryWriteOutcome {
     pub outcome: WriteOutcomeKind,
     pub record: MemoryRecord,
+    /// An identical retry of an earlier keyed write: nothing was written, `record` is
+    /// what that write made and `outcome` what it did.
+    pub replayed: bool,
 }
 
 /// Merges `incoming` into `current` (the `merge` consolidation policy): the new revision

@@ -245,6 +245,7 @@ pub fn prepare(proposal: Proposal, ctx: &WriteContext<'_>) -> Result<MemoryRecor
             source_run_id: proposal.source_run_id,
             harness: ctx.harness.clone(),
             model_version: proposal.model_version,
+            write_key: None,
         },
         approval_status,
         approval: ApprovalRecord::default(),

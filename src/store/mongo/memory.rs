@@ -38,7 +38,7 @@ use crate::{
     store::{
         Result,
         memory::{
-            CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, audit_action,
+            CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, PutPlan, audit_action,
             audit_detail, plan_decision, plan_delete, plan_put, plan_revocation, source_binding,
         },
     },
@@ -336,13 +336,17 @@ impl MongoStore {
             {
                 continue;
             }
-            let (next, outcome) = plan_put(current.as_ref(), put)?;
+            let (next, outcome) = match plan_put(current.as_ref(), put)? {
+                PutPlan::Write(next, outcome) => (next, outcome),
+                PutPlan::Replay(original) => return Ok(original),
+            };
             if self.swap(current.as_ref(), &next).await? {
                 self.audit_memory(outcome, &next, &next.provenance.writer)
                     .await?;
                 return Ok(MemoryWriteOutcome {
                     outcome,
                     record: next,
+                    replayed: false,
                 });
             }
         }
@@ -388,6 +392,7 @@ impl MongoStore {
         Ok(MemoryWriteOutcome {
             outcome: WriteOutcomeKind::Deleted,
             record,
+            replayed: false,
         })
     }
 
@@ -416,6 +421,7 @@ impl MongoStore {
         Ok(MemoryWriteOutcome {
             outcome,
             record: next,
+            replayed: false,
         })
     }
 

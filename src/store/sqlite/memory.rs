@@ -34,7 +34,7 @@ use crate::{
     store::{
         Result,
         memory::{
-            CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, audit_action,
+            CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, PutPlan, audit_action,
             audit_detail, plan_decision, plan_delete, plan_put, plan_revocation,
         },
     },
@@ -427,12 +427,16 @@ pub(super) fn put(conn: &Connection, put: &MemoryPut) -> Result<MemoryWriteOutco
     if let Some(raw) = existing.take_if(|raw| expired(&raw.record, now)) {
         drop_expired(conn, raw, now)?;
     }
-    let (next, outcome) = plan_put(existing.as_ref().map(|r| &r.record), put)?;
+    let (next, outcome) = match plan_put(existing.as_ref().map(|r| &r.record), put)? {
+        PutPlan::Write(next, outcome) => (next, outcome),
+        PutPlan::Replay(original) => return Ok(original),
+    };
     write_row(conn, existing.map(|r| r.rowid), &next)?;
     audit_write(conn, outcome, &next, &next.provenance.writer, now)?;
     Ok(MemoryWriteOutcome {
         outcome,
         record: next,
+        replayed: false,
     })
 }
 
@@ -453,6 +457,7 @@ pub(super) fn delete(
     Ok(MemoryWriteOutcome {
         outcome: WriteOutcomeKind::Deleted,
         record,
+        replayed: false,
     })
 }
 
@@ -469,6 +474,7 @@ pub(super) fn decide(
     Ok(MemoryWriteOutcome {
         outcome,
         record: next,
+        replayed: false,
     })
 }
 
