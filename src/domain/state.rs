@@ -272,6 +272,13 @@ pub enum Rejection {
         "tool {tool} has no defence against a repeated call: effect {key} needs a person's approval before each attempt (append HumanReviewRequested with approval: true, then wait for HumanReviewResolved approved)"
     )]
     ApprovalRequired { key: String, tool: String },
+    /// The binding's ledger projections (its folded head) were built by another reducer
+    /// than this server's: run writes fail closed until the head is rebuilt from the
+    /// events (`POST /v1/bindings/{id}/runs/repair`); reads still answer.
+    #[error(
+        "the run ledger's projections were folded by {found}, not this server's {expected}: run writes are refused until POST /v1/bindings/{{binding_id}}/runs/repair rebuilds them from the events"
+    )]
+    ProjectionDegraded { found: String, expected: String },
 }
 
 impl Rejection {
@@ -294,6 +301,7 @@ impl Rejection {
             Rejection::EffectConfirmed { .. } => "effect_confirmed",
             Rejection::EffectUnresolved { .. } => "effect_unresolved",
             Rejection::ApprovalRequired { .. } => "approval_required",
+            Rejection::ProjectionDegraded { .. } => "projection_degraded",
         }
     }
 
@@ -310,7 +318,8 @@ impl Rejection {
             | Rejection::BudgetExceeded { .. }
             | Rejection::EffectConfirmed { .. }
             | Rejection::EffectUnresolved { .. }
-            | Rejection::ApprovalRequired { .. } => 409,
+            | Rejection::ApprovalRequired { .. }
+            | Rejection::ProjectionDegraded { .. } => 409,
             Rejection::TooLarge { .. } | Rejection::TooMany { .. } => 413,
             Rejection::RateLimited { .. } => 429,
             Rejection::Invalid(_) => 422,

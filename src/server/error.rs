@@ -31,6 +31,7 @@ pub enum ErrorCode {
     EffectConfirmed,
     EffectUnresolved,
     ApprovalRequired,
+    ProjectionDegraded,
     Invalid,
     TooLarge,
     RateLimited,
@@ -58,6 +59,7 @@ impl ErrorCode {
             ErrorCode::EffectConfirmed => "effect_confirmed",
             ErrorCode::EffectUnresolved => "effect_unresolved",
             ErrorCode::ApprovalRequired => "approval_required",
+            ErrorCode::ProjectionDegraded => "projection_degraded",
             ErrorCode::Invalid => "invalid",
             ErrorCode::TooLarge => "too_large",
             ErrorCode::RateLimited => "rate_limited",
@@ -84,7 +86,8 @@ impl ErrorCode {
             | ErrorCode::BudgetExceeded
             | ErrorCode::EffectConfirmed
             | ErrorCode::EffectUnresolved
-            | ErrorCode::ApprovalRequired => StatusCode::CONFLICT,
+            | ErrorCode::ApprovalRequired
+            | ErrorCode::ProjectionDegraded => StatusCode::CONFLICT,
             ErrorCode::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -257,6 +260,11 @@ impl From<Rejection> for ApiError {
                 json!({"idempotency_key": key, "tool": tool}),
                 None,
             ),
+            Rejection::ProjectionDegraded { found, expected } => (
+                ErrorCode::ProjectionDegraded,
+                json!({"reducer": found, "expected_reducer": expected}),
+                None,
+            ),
         };
         ApiError {
             code,
@@ -351,6 +359,10 @@ mod tests {
             Rejection::Invalid("x".into()),
             Rejection::NotFound("x".into()),
             Rejection::Forbidden("x".into()),
+            Rejection::ProjectionDegraded {
+                found: "ledger-reducer/0".into(),
+                expected: "ledger-reducer/1".into(),
+            },
         ];
         for r in cases {
             let (code, status) = (r.code(), r.http_status());

@@ -56,6 +56,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(read_run))
         .routes(routes!(read_effect))
         .routes(routes!(take_snapshot, read_snapshot))
+        .routes(routes!(repair_ledger))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1149,6 +1150,12 @@ pub struct RunRead {
     pub effects: BTreeMap<String, EffectView>,
     pub metrics: RunMetricsView,
     pub binding_metrics: BindingMetricsView,
+    /// The health of the binding's ledger projections (the folded head this read was
+    /// answered from).
+    pub projection_health: ProjectionHealthView,
+    /// `true` when the projections are degraded: run writes fail closed
+    /// (`projection_degraded`) until `POST .../runs/repair`; this read still answers.
+    pub degraded: bool,
 }
 
 /// A page of the binding's events.
@@ -1643,10 +1650,6 @@ async fn read_run(
         &worker.record.binding_id,
     );
     let read = traced(span, async {
-        let ledger = state.store().ledger_state(scope).await?;
-        let Some(run) = ledger.runs.get(&q.run_id).cloned() else {
-            return Err(ApiError::not_found(&format!("run {}", q.run_id)));
-        };
         let mut after_seq = q.after_seq.unwrap_or(0);
         let mut snapshot_seq = None;
         if q.from_snapshot == Some(true)
@@ -1655,14 +1658,18 @@ async fn read_run(
             snapshot_seq = Some(snapshot.seq);
             after_seq = after_seq.max(snapshot.seq);
         }
-        let mut events = state
+        // The head, the run's page and the head's own event in one consistent read.
+        let read = state
             .store()
-            .ledger_events(scope, Some(&q.run_id), after_seq, limit)
+            .run_snapshot(scope, &q.run_id, after_seq, limit)
             .await?;
-        // Appends after the state was read belong to the next read.
-        let full_page = events.len() >= limit;
-        events.retain(|e| e.seq <= ledger.last_seq);
-        let next_after_seq = if full_page || events.len() >= limit {
+        let health = read.health();
+        let ledger = read.state;
+        let Some(run) = ledger.runs.get(&q.run_id).cloned() else {
+            return Err(ApiError::not_found(&format!("run {}", q.run_id)));
+        };
+        let events = read.events;
+        let next_after_seq = if read.full_page || events.len() >= limit {
             events.last().map(|e| e.seq)
         } else {
             None
@@ -1684,10 +1691,80 @@ async fn read_run(
             binding_metrics: ledger::binding_metrics(&ledger).into(),
             state: run.into(),
             effects,
+            degraded: health.degraded(),
+            projection_health: health.into(),
         })
     })
     .await?;
     Ok(Json(read))
+}
+
+/// The health of a ledger head's projections (spec 003 "get_run").
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProjectionHealthView {
+    /// `healthy` or `degraded`.
+    #[schema(example = "healthy")]
+    pub status: String,
+    /// The reducer that folded the stored head.
+    #[schema(example = "ledger-reducer/1")]
+    pub reducer: String,
+    /// This server's reducer.
+    #[schema(example = "ledger-reducer/1")]
+    pub expected_reducer: String,
+    /// What is wrong, for a person; empty when healthy.
+    pub problems: Vec<String>,
+}
+
+impl From<ledger::ProjectionHealth> for ProjectionHealthView {
+    fn from(h: ledger::ProjectionHealth) -> Self {
+        ProjectionHealthView {
+            status: h.status.to_owned(),
+            reducer: h.reducer,
+            expected_reducer: h.expected_reducer.to_owned(),
+            problems: h.problems,
+        }
+    }
+}
+
+/// What a repair did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RepairView {
+    /// The sequence the rebuilt head summarizes.
+    pub last_seq: u64,
+    pub projection_health: ProjectionHealthView,
+    pub degraded: bool,
+}
+
+/// Rebuild the binding's ledger head (its projections: runs, work items, outcome heads,
+/// effects, signals, feedback heads) from the events with this server's reducer. The
+/// events are the authority and are not touched; run writes refused as
+/// `projection_degraded` are accepted again afterwards. Safe to repeat.
+#[utoipa::path(post, path = "/v1/bindings/{binding_id}/runs/repair", tag = "runs",
+    params(BindingIdParam, IdempotencyHeader, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "The rebuilt head's health", body = RepairView)))]
+async fn repair_ledger(
+    State(state): State<AppState>,
+    worker: WorkerAccess,
+    // Required like on every mutating call; a repair is idempotent by nature.
+    _key: IdempotencyKey,
+) -> Result<Json<RepairView>, ApiError> {
+    let span = span(
+        Step::ThreadStateWrite,
+        "ledger.repair",
+        &worker.record.binding_id,
+    );
+    let repaired = traced(span, state.store().repair_ledger(&worker.scope)).await?;
+    tracing::info!(
+        binding = %worker.record.binding_id,
+        last_seq = repaired.last_seq,
+        "ledger head rebuilt from its events"
+    );
+    let health = repaired.projection_health(Some(repaired.last_seq));
+    Ok(Json(RepairView {
+        last_seq: repaired.last_seq,
+        degraded: health.degraded(),
+        projection_health: health.into(),
+    }))
 }
 
 /// Read one effect by its idempotency key: status, attempts, who observed the outcome

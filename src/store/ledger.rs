@@ -56,6 +56,23 @@ pub struct RunRead {
     pub effects: BTreeMap<String, EffectRecord>,
 }
 
+/// What [`LedgerStore::run_snapshot`] read.
+#[derive(Clone, Debug)]
+pub struct RunSnapshot {
+    pub state: LedgerState,
+    pub events: Vec<LedgerEvent>,
+    /// The events page was full before the cut at the head (more may follow).
+    pub full_page: bool,
+    pub head_event: Option<u64>,
+}
+
+impl RunSnapshot {
+    /// The head's projection health.
+    pub fn health(&self) -> crate::domain::ledger::ProjectionHealth {
+        self.state.projection_health(self.head_event)
+    }
+}
+
 /// `harness_ledger`: events, heads and snapshots per binding and epoch.
 #[async_trait]
 pub trait LedgerStore: Send + Sync {
@@ -81,6 +98,46 @@ pub trait LedgerStore: Send + Sync {
     async fn snapshot_ledger(&self, scope: &StateScope) -> Result<LedgerSnapshot>;
     /// The latest snapshot of the scope's epoch.
     async fn ledger_snapshot(&self, scope: &StateScope) -> Result<Option<LedgerSnapshot>>;
+
+    /// One consistent read of a run (spec 003 "get_run"): the folded head, the run's
+    /// events after `after_seq` (at most `limit`; none past the head), and the sequence of
+    /// the stored event at the head's position (`None`: the head names an event that is
+    /// not stored; always `Some(0)` for an empty ledger). The default reads the head
+    /// first and cuts the events at it, which is a snapshot because events are immutable
+    /// and gapless; a backend with read transactions reads all of it in one.
+    async fn run_snapshot(
+        &self,
+        scope: &StateScope,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<RunSnapshot> {
+        let state = self.ledger_state(scope).await?;
+        let mut events = self
+            .ledger_events(scope, Some(run_id), after_seq, limit)
+            .await?;
+        let full_page = events.len() >= limit;
+        events.retain(|e| e.seq <= state.last_seq);
+        let head_event = if state.last_seq == 0 {
+            Some(0)
+        } else {
+            self.ledger_events(scope, None, state.last_seq - 1, 1)
+                .await?
+                .first()
+                .map(|e| e.seq)
+                .filter(|seq| *seq == state.last_seq)
+        };
+        Ok(RunSnapshot {
+            state,
+            events,
+            full_page,
+            head_event,
+        })
+    }
+
+    /// Rebuilds the scope's head from its events with this server's reducer (the repair
+    /// of degraded projections); the events are not touched. Returns the new head.
+    async fn repair_ledger(&self, scope: &StateScope) -> Result<LedgerState>;
 
     /// A run's events after `after_seq` and its folded state.
     async fn read_run(

@@ -4,6 +4,7 @@ state)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
@@ -61,6 +62,37 @@ def raise_fence(server: serve_mod.Serve | External, binding_id: str, generation:
             (generation, binding_id, generation),
         )
         assert cur.rowcount == 1, f"fence of {binding_id} not raised to {generation}"
+
+
+def degrade_ledger(server: serve_mod.Serve | External, binding_id: str, reducer: str = "ledger-reducer/0") -> None:
+    """Labels the binding's stored ledger head as folded by another reducer, as a head
+    written by a different release of the server would be (spec 003: degraded
+    projections), on whichever store the server uses."""
+    uri = getattr(server, "mongodb_uri", None)
+    if uri:
+        import pymongo
+
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000) as mongo:
+            sessions = mongo[server.mongodb_database]["harness_sessions"]
+            doc = sessions.find_one({"_id": binding_id}, {"ledger": 1})
+            assert doc and "ledger" in doc, f"{binding_id} has no ledger head"
+            state = json.loads(doc["ledger"]["state_json"])
+            state["reducer"] = reducer
+            done = sessions.update_one(
+                {"_id": binding_id, "ledger.last_seq": doc["ledger"]["last_seq"]},
+                {"$set": {"ledger.state_json": json.dumps(state)}},
+            )
+            assert done.modified_count == 1
+        return
+    with sqlite3.connect(server.database, timeout=10) as db:
+        db.execute("PRAGMA busy_timeout = 10000")
+        # The writer keeps decoded heads while the stored head's stamp is unchanged: move it.
+        cur = db.execute(
+            "UPDATE harness_ledger_heads SET state_json = json_set(state_json, '$.reducer', ?), "
+            "updated_at_ms = updated_at_ms + 1 WHERE binding_id = ?",
+            (reducer, binding_id),
+        )
+        assert cur.rowcount >= 1, f"{binding_id} has no ledger head"
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from harness_engine import HarnessClient
 
+from conftest import degrade_ledger
+
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED = json.loads((REPO / "docs" / "mcp-tools.json").read_text())
 
@@ -654,3 +656,55 @@ async def test_an_annotation_keeps_the_content_version_and_is_scanned(server: An
             "annotate", {"workspace_key": workspace, "scope": "user", "key": "facts/none", "note": "x", "idempotency_key": key()},
         )
         assert missing.is_error and missing.structured_content["error"]["code"] == "not_found"
+
+
+async def test_degraded_projections_fail_writes_closed_and_reads_keep_serving(server: Any, connect: Any, workspace: str, client: HarnessClient) -> None:
+    async with connect() as session:
+        run = await call(session, "begin_run", workspace_key=workspace, idempotency_key=key())
+        rid, root = run["run_id"], run["work_item_id"]
+        await call(session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(),
+                   type="work_item_started", payload={"work_item_id": root})
+        healthy = await call(session, "get_run", workspace_key=workspace, run_id=rid)
+        assert (healthy["degraded"], healthy["projection_health"]["status"]) == (False, "healthy")
+        assert healthy["projection_health"]["reducer"] == healthy["projection_health"]["expected_reducer"]
+
+        degrade_ledger(server, workspace)
+        read = await call(session, "get_run", workspace_key=workspace, run_id=rid)
+        assert read["degraded"] is True, "get_run keeps serving the authority snapshot"
+        assert read["projection_health"]["reducer"] == "ledger-reducer/0"
+        assert [e["type"] for e in read["events"]] == ["RunStarted", "work_item_started"]
+        for tool, arguments in (
+            ("record_run_event", {"type": "work_item_completed", "payload": {"work_item_id": root}}),
+            ("complete_run", {"outcome": "resolved"}),
+            ("claim_signal", {"signal_id": "deploy", "holder": "a", "lease_seconds": 5}),
+        ):
+            args = {"workspace_key": workspace, "idempotency_key": key(), **arguments}
+            if tool != "claim_signal":
+                args["run_id"] = rid
+            error = await refused(session, tool, **args)
+            assert error["code"] == "projection_degraded", (tool, error)
+        again = await call(session, "get_run", workspace_key=workspace, run_id=rid)
+        assert again["last_seq"] == read["last_seq"], "refused writes appended nothing"
+
+    # The repair rebuilds the head from the events; writes are accepted again.
+    import httpx as plain
+
+    binding = client.get_binding(workspace)
+    repaired = plain.post(
+        f"{server.api}/v1/bindings/{workspace}/runs/repair",
+        headers={
+            "Authorization": f"Bearer {server.token}",
+            "Harness-Epoch": str(binding.epoch),
+            "Harness-Lease-Generation": str(binding.lease_generation),
+            "Idempotency-Key": key(),
+        },
+        timeout=30,
+    )
+    assert repaired.status_code == 200, repaired.text
+    assert repaired.json()["degraded"] is False
+    async with connect() as session:
+        fixed = await call(session, "get_run", workspace_key=workspace, run_id=rid)
+        assert fixed["degraded"] is False
+        assert fixed["state"] == read["state"], "the rebuilt head is the events folded again"
+        await call(session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(),
+                   type="work_item_completed", payload={"work_item_id": root})

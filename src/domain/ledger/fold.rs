@@ -181,10 +181,55 @@ impl RunState {
     }
 }
 
+/// The reducer that folded a head from its first event: a new head is this server's
+/// ([`super::REDUCER_VERSION`]); a stored head keeps the label it was folded under (a
+/// head stored before heads carried one was folded by `ledger-reducer/1`). Only a full
+/// replay of the events ([`LedgerState::replay`]) relabels it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Reducer(pub String);
+
+impl Default for Reducer {
+    fn default() -> Self {
+        Reducer(super::REDUCER_VERSION.to_owned())
+    }
+}
+
+impl Reducer {
+    fn legacy() -> Self {
+        Reducer("ledger-reducer/1".to_owned())
+    }
+}
+
+/// The health of a head's projections (spec 003 "get_run": `projection_health`,
+/// `degraded`): the reducer that folded it and whether the head and the events it was
+/// read with agree. Degraded projections make run writes fail closed until a repair
+/// rebuilds the head from the events; reads keep answering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProjectionHealth {
+    /// `healthy` or `degraded`.
+    pub status: &'static str,
+    /// The reducer that folded the stored head.
+    pub reducer: String,
+    /// This server's reducer.
+    pub expected_reducer: &'static str,
+    /// What is wrong, for a person (empty when healthy).
+    pub problems: Vec<String>,
+}
+
+impl ProjectionHealth {
+    pub fn degraded(&self) -> bool {
+        self.status != "healthy"
+    }
+}
+
 /// The folded state of a binding's epoch: what the store keeps beside the events and
 /// what every append is decided against.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LedgerState {
+    /// The reducer that folded this head.
+    #[serde(default = "Reducer::legacy")]
+    pub reducer: Reducer,
     pub last_seq: u64,
     pub lamport: u64,
     pub runs: BTreeMap<String, RunState>,
@@ -678,6 +723,46 @@ impl LedgerState {
             state.apply(e);
         }
         state
+    }
+
+    /// Refuses a write against a head another reducer folded (fail closed).
+    pub fn check_reducer(&self) -> Result<(), crate::domain::state::Rejection> {
+        if self.reducer.0 == super::REDUCER_VERSION {
+            return Ok(());
+        }
+        Err(crate::domain::state::Rejection::ProjectionDegraded {
+            found: self.reducer.0.clone(),
+            expected: super::REDUCER_VERSION.to_owned(),
+        })
+    }
+
+    /// The health of this head, read together with the stored event at its position
+    /// (`head_event`: that event's sequence, `None` when it is not stored).
+    pub fn projection_health(&self, head_event: Option<u64>) -> ProjectionHealth {
+        let mut problems = Vec::new();
+        if self.reducer.0 != super::REDUCER_VERSION {
+            problems.push(format!(
+                "the head was folded by {}, not {}",
+                self.reducer.0,
+                super::REDUCER_VERSION
+            ));
+        }
+        if head_event != Some(self.last_seq) {
+            problems.push(format!(
+                "the head summarizes events up to {}, but that event is not stored",
+                self.last_seq
+            ));
+        }
+        ProjectionHealth {
+            status: if problems.is_empty() {
+                "healthy"
+            } else {
+                "degraded"
+            },
+            reducer: self.reducer.0.clone(),
+            expected_reducer: super::REDUCER_VERSION,
+            problems,
+        }
     }
 
     /// Effects with no settled outcome (attempted, unknown or awaiting a person).

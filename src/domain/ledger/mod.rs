@@ -21,8 +21,8 @@ pub use envelope::{
 };
 pub use episode::{ArtifactRef, Episode, OutcomeHead, OutcomeStrength, WorkItem, WorkItemStatus};
 pub use fold::{
-    Budget, Budgets, EffectRecord, EffectStatus, FeedbackHead, LedgerState, RunState, RunStatus,
-    TurnUsage, UTILISATION_BUCKETS_PERMILLE,
+    Budget, Budgets, EffectRecord, EffectStatus, FeedbackHead, LedgerState, ProjectionHealth,
+    Reducer, RunState, RunStatus, TurnUsage, UTILISATION_BUCKETS_PERMILLE,
 };
 pub use metrics::{BindingMetrics, RunMetrics, binding_metrics, run_metrics};
 pub use payload::{
@@ -140,6 +140,8 @@ pub fn plan_append(
 ) -> Result<AppendPlan, Rejection> {
     let new = &request.event;
     new.check()?;
+    // Projections folded by another reducer: every run write fails closed until repair.
+    state.check_reducer()?;
     validate_payload(new.event_type, &new.payload)?;
     if let Some(expected) = request.expected_last_seq
         && expected != state.last_seq

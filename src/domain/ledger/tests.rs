@@ -1317,3 +1317,46 @@ fn a_signal_has_one_holder_and_tokens_only_move_up() {
     .expect_err("lease bound");
     assert!(err.to_string().contains("lease_ms"), "{err}");
 }
+
+#[test]
+fn a_head_folded_by_another_reducer_fails_writes_closed_until_replayed() {
+    let mut s = started();
+    push(
+        &mut s,
+        new(
+            EventType::GuardrailEvaluated,
+            "run-1",
+            "t2",
+            json!({"guardrail": "pii", "result": "pass"}),
+        ),
+    );
+    assert_eq!(s.reducer.0, REDUCER_VERSION, "a new head is this server's");
+    assert!(!s.projection_health(Some(s.last_seq)).degraded());
+    // A head as another release stored it.
+    let mut other = s.clone();
+    other.reducer = Reducer("ledger-reducer/0".into());
+    let health = other.projection_health(Some(other.last_seq));
+    assert!(health.degraded());
+    assert_eq!(health.reducer, "ledger-reducer/0");
+    let before = other.clone();
+    let err = try_push(
+        &mut other,
+        new(
+            EventType::GuardrailEvaluated,
+            "run-1",
+            "t3",
+            json!({"guardrail": "pii", "result": "pass"}),
+        ),
+        Budgets::default(),
+    )
+    .expect_err("fails closed");
+    assert_eq!(err.code(), "projection_degraded");
+    assert_eq!(other, before, "nothing folded");
+    // A head whose own event is missing is degraded too.
+    assert!(s.projection_health(None).degraded());
+    // A head stored before heads carried a label was folded by the first reducer.
+    let mut legacy = serde_json::to_value(&s).expect("encode");
+    legacy.as_object_mut().expect("object").remove("reducer");
+    let decoded: LedgerState = serde_json::from_value(legacy).expect("decode");
+    assert_eq!(decoded.reducer.0, "ledger-reducer/1");
+}

@@ -272,6 +272,66 @@ impl MongoStore {
         .into())
     }
 
+    /// Rebuilds the head from every event of the epoch with this server's reducer and
+    /// writes it with a compare-and-set on the head's sequence and fence (an append that
+    /// lands meanwhile makes it start over); the tail and the events are not touched.
+    pub(super) async fn repair_ledger_impl(&self, scope: &StateScope) -> Result<LedgerState> {
+        let _serial = self.exclusive(&scope.binding_id).await;
+        for _ in 0..APPEND_ROUNDS {
+            let Some(head) = self.admitted_head(scope).await? else {
+                return Ok(LedgerState::default());
+            };
+            if head.epoch != scope.epoch {
+                return Ok(LedgerState::default());
+            }
+            let mut state = LedgerState::default();
+            loop {
+                let page = self
+                    .ledger_events_impl(scope, None, state.last_seq, 0)
+                    .await?;
+                let Some(last) = page.last().map(|e| e.seq) else {
+                    break;
+                };
+                for event in page.iter().filter(|e| e.seq <= head.last_seq) {
+                    state.apply(event);
+                }
+                if last >= head.last_seq {
+                    break;
+                }
+            }
+            if state.last_seq != head.last_seq {
+                return Err(corrupt(
+                    "ledger head",
+                    format!(
+                        "the events fold to sequence {} but the head is at {}",
+                        state.last_seq, head.last_seq
+                    ),
+                ));
+            }
+            let state_json =
+                serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
+            let mut filter = fence_filter(scope)?;
+            filter.insert("ledger.epoch", int("epoch", head.epoch)?);
+            filter.insert("ledger.last_seq", int("sequence", head.last_seq)?);
+            let written = self
+                .update_if(
+                    &self.sessions,
+                    filter,
+                    doc! { "$set": { "ledger.state_json": state_json } },
+                    Self::matched_only(),
+                    "repairing the ledger head",
+                )
+                .await?;
+            if written.is_some() {
+                return Ok(state);
+            }
+        }
+        Err(crate::domain::state::Rejection::Conflict {
+            what: "the ledger kept moving under this repair; retry".into(),
+        }
+        .into())
+    }
+
     pub(super) async fn ledger_events_impl(
         &self,
         scope: &StateScope,

@@ -472,6 +472,13 @@ impl crate::store::ledger::LedgerStore for MongoStore {
     ) -> Result<Option<crate::store::ledger::LedgerSnapshot>> {
         self.ledger_snapshot_impl(scope).await
     }
+
+    async fn repair_ledger(
+        &self,
+        scope: &StateScope,
+    ) -> Result<crate::domain::ledger::LedgerState> {
+        self.repair_ledger_impl(scope).await
+    }
 }
 
 #[async_trait]

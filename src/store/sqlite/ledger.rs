@@ -11,7 +11,7 @@ use crate::{
     domain::ledger::{AppendPlan, AppendRequest, LedgerEvent, LedgerState},
     store::{
         Result,
-        ledger::{Decision, LedgerAppend, LedgerSnapshot, decode, plan},
+        ledger::{Decision, LedgerAppend, LedgerSnapshot, RunSnapshot, decode, plan},
     },
 };
 
@@ -304,6 +304,78 @@ pub(super) fn events(
             .ctx("reading ledger events")?,
     };
     rows.iter().map(|j| event_of(j)).collect()
+}
+
+/// [`crate::store::ledger::LedgerStore::run_snapshot`] in one read transaction.
+pub(super) fn run_snapshot(
+    conn: &Connection,
+    scope: &ScopeKey,
+    run_id: &str,
+    after: u64,
+    limit: i64,
+) -> Result<RunSnapshot> {
+    let state = state(conn, scope)?;
+    let mut page = events(conn, scope, Some(run_id), after, limit)?;
+    let full_page = i64::try_from(page.len()).unwrap_or(i64::MAX) >= limit;
+    page.retain(|e| e.seq <= state.last_seq);
+    let head_event = if state.last_seq == 0 {
+        Some(0)
+    } else {
+        events(conn, scope, None, state.last_seq - 1, 1)?
+            .first()
+            .map(|e| e.seq)
+            .filter(|seq| *seq == state.last_seq)
+    };
+    Ok(RunSnapshot {
+        state,
+        events: page,
+        full_page,
+        head_event,
+    })
+}
+
+/// Rebuilds the head of the scope's epoch from all its events with this server's
+/// reducer, in the writer's transaction (nothing appends meanwhile).
+pub(super) fn repair(
+    conn: &Connection,
+    cache: &HeadCache,
+    scope: &ScopeKey,
+    now: i64,
+) -> Result<LedgerState> {
+    let epoch = admit(conn, scope)?;
+    let id = scope.id();
+    let mut state = LedgerState::default();
+    {
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT event_json FROM harness_ledger_events \
+                 WHERE binding_id = ?1 AND epoch = ?2 ORDER BY seq",
+            )
+            .ctx("preparing the ledger replay")?;
+        let rows = statement
+            .query_map(params![id, epoch], |r| r.get::<_, String>(0))
+            .ctx("reading the ledger for a repair")?;
+        for json in rows {
+            state.apply(&event_of(&json.ctx("reading a ledger event")?)?);
+        }
+    }
+    if state.last_seq == 0 {
+        return Ok(state);
+    }
+    let seq = sql_int("sequence", state.last_seq)?;
+    let state_json = serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
+    conn.prepare_cached(
+        "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (binding_id, epoch) DO UPDATE SET \
+         last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
+         state_json = excluded.state_json",
+    )
+    .ctx("preparing the ledger head repair")?
+    .execute(params![id, epoch, seq, now, state_json])
+    .ctx("writing the repaired ledger head")?;
+    cache.put(id, epoch, seq, now, state.clone());
+    Ok(state)
 }
 
 pub(super) fn state(conn: &Connection, scope: &ScopeKey) -> Result<LedgerState> {

@@ -441,6 +441,32 @@ impl crate::store::ledger::LedgerStore for SqliteStore {
         self.readers.read(move |tx| ledger::state(tx, &scope)).await
     }
 
+    async fn run_snapshot(
+        &self,
+        scope: &StateScope,
+        run_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<crate::store::ledger::RunSnapshot> {
+        let scope = ScopeKey::of(scope);
+        let run_id = run_id.to_owned();
+        let limit = self.page(limit);
+        self.readers
+            .read(move |tx| ledger::run_snapshot(tx, &scope, &run_id, after_seq, limit))
+            .await
+    }
+
+    async fn repair_ledger(
+        &self,
+        scope: &StateScope,
+    ) -> Result<crate::domain::ledger::LedgerState> {
+        let scope = self.scoped_write(scope)?;
+        let heads = self.ledger_heads.clone();
+        self.writer
+            .run(move |conn| ledger::repair(conn, &heads, &scope, now_ms()))
+            .await
+    }
+
     async fn snapshot_ledger(
         &self,
         scope: &StateScope,
