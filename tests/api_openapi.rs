@@ -64,5 +64,5 @@ fn every_operation_documents_auth_errors_and_trace_context() {
     }
     // 28 state, object, stream, interrupt and memory operations (memory listing, stats
     // and promotion among them); 7 run-ledger operations (begin among them).
-    assert_eq!(operations, 36, "operations in the document");
+    assert_eq!(operations, 37, "operations in the document");
 }

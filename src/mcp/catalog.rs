@@ -195,7 +195,7 @@ pub fn tools() -> Vec<ToolSpec> {
         t(
             "stats",
             "Memory statistics",
-            "Count the workspace's memories per scope and approval status.",
+            "Count the workspace's memories per scope and approval status, with the workspace's memory_utility_shadow: per memory, the runs that source-linked it with the current feedback and have an outcome (review evidence only; it never changes recall order, authority or policy).",
             object(json!({"workspace_key": workspace()}), &["workspace_key"]),
             true,
             true,
@@ -358,7 +358,7 @@ pub fn tools() -> Vec<ToolSpec> {
         t(
             "record_run_event",
             "Record a run event",
-            "Append one event to a run: work items (work_item_created under an active parent, work_item_started, _blocked, _completed, _failed, _abandoned), artifact_created (a reference: sha256, mime_type, uri), memory attribution (memory_recalled with memory_attribution {receipt, selected: [{memory_id, rank}]} from a recall's signed receipt; memory_applied and memory_rejected with {source: {recalled_seq, memory_id, rank}} or {manual: {memory_id, exact_content_version}}), effects and reviews (EffectAttempted, EffectOutcomeObserved, HumanReviewRequested), guardrails and context reports. Version-1 events or governed-v2 events, which carry epoch, generation, the run's last sequence and the expected status, and are refused without an append when any is stale. Payloads are bounded to 32 KiB; raw transcripts and hidden reasoning are refused.",
+            "Append one event to a run: work items (work_item_created under an active parent, work_item_started, _blocked, _completed, _failed, _abandoned), artifact_created (a reference: sha256, mime_type, uri), memory attribution (memory_recalled with memory_attribution {receipt, selected: [{memory_id, rank}]} from a recall's signed receipt; memory_applied and memory_rejected with {source: {recalled_seq, memory_id, rank, feedback_seq?}} (feedback_seq: the current feedback on that exposure) or {manual: {memory_id, exact_content_version}}), effects and reviews (EffectAttempted, EffectOutcomeObserved, HumanReviewRequested), guardrails and context reports. Version-1 events or governed-v2 events, which carry epoch, generation, the run's last sequence and the expected status, and are refused without an append when any is stale. Payloads are bounded to 32 KiB; raw transcripts and hidden reasoning are refused.",
             object(
                 json!({
                     "workspace_key": workspace(),

@@ -575,8 +575,28 @@ impl HarnessMcp {
             }
             "stats" => {
                 let headers = memory(&base)?;
-                self.send(Method::GET, "/v1/memory/stats".into(), &headers, None)
+                let (status, mut stats) = match self
+                    .v1
+                    .call(Method::GET, "/v1/memory/stats", &headers, None)
                     .await
+                {
+                    Ok(answered) => answered,
+                    Err(e) => return Ok(Err(e)),
+                };
+                if !status.is_success() {
+                    return Ok(Ok(answer(status, stats)));
+                }
+                // Review evidence from the workspace's ledger, beside the counts.
+                let fenced = self.fenced(&base, workspace, None).await?;
+                let path = format!("/v1/bindings/{ws}/runs/memory-utility");
+                match self.v1.call(Method::GET, &path, &fenced, None).await {
+                    Ok((status, shadow)) if status.is_success() => {
+                        stats["memory_utility_shadow"] = shadow;
+                        Ok(CallToolResult::structured(stats))
+                    }
+                    Ok((status, refused)) => Ok(answer(status, refused)),
+                    Err(e) => Err(e),
+                }
             }
             "forget" => {
                 let scope = args.str("scope")?;

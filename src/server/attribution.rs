@@ -315,7 +315,11 @@ async fn applied(
     match (a.get("source"), a.get("manual")) {
         (Some(source), None) => {
             let where_ = "memory_attribution.source";
-            let s = object(source, where_, &["recalled_seq", "memory_id", "rank"])?;
+            let s = object(
+                source,
+                where_,
+                &["recalled_seq", "memory_id", "rank", "feedback_seq"],
+            )?;
             let memory_id = text(s, where_, "memory_id")?;
             let r = rank(s, where_)?;
             let seq = s
@@ -346,14 +350,40 @@ async fn applied(
                     "{where_}: memory {memory_id} at rank {r} was not selected by memory_recalled {seq}"
                 )));
             };
-            Ok(json!({
+            let mut out = json!({
                 "relation": "source",
                 "receipt_hash": stored["receipt_hash"],
                 "recalled_seq": seq,
                 "memory_id": memory_id,
                 "rank": r,
                 "content_hash": link["content_hash"],
-            }))
+            });
+            if let Some(given) = s.get("feedback_seq") {
+                // Only the current effective feedback on this very exposure may be linked.
+                let feedback_seq = given.as_u64().filter(|q| *q >= 1).ok_or_else(|| {
+                    invalid(format!(
+                        "{where_}.feedback_seq must be the sequence of a memory_feedback event"
+                    ))
+                })?;
+                let receipt_hash = stored["receipt_hash"].as_str().unwrap_or_default();
+                let head = state.store().ledger_state(scope).await?;
+                let current = head
+                    .memory_feedback
+                    .get(&format!("{memory_id}|{receipt_hash}"))
+                    .filter(|f| {
+                        f.seq == feedback_seq
+                            && f.rank == r
+                            && Some(f.content_hash.as_str()) == link["content_hash"].as_str()
+                    });
+                let Some(feedback) = current else {
+                    return Err(invalid(format!(
+                        "{where_}.feedback_seq {feedback_seq} is not the current feedback on memory {memory_id} at rank {r} of that recall"
+                    )));
+                };
+                out["feedback_seq"] = json!(feedback_seq);
+                out["feedback_signal"] = json!(feedback.signal);
+            }
+            Ok(out)
         }
         (None, Some(manual)) => {
             let where_ = "memory_attribution.manual";
@@ -368,7 +398,7 @@ async fn applied(
             }))
         }
         _ => Err(invalid(
-            "memory_attribution has exactly one of source {recalled_seq, memory_id, rank} or manual {memory_id, exact_content_version}",
+            "memory_attribution has exactly one of source {recalled_seq, memory_id, rank, feedback_seq?} or manual {memory_id, exact_content_version}",
         )),
     }
 }

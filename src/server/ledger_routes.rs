@@ -57,6 +57,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(read_effect))
         .routes(routes!(take_snapshot, read_snapshot))
         .routes(routes!(repair_ledger))
+        .routes(routes!(memory_utility))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1724,6 +1725,79 @@ impl From<ledger::ProjectionHealth> for ProjectionHealthView {
             problems: h.problems,
         }
     }
+}
+
+/// The `memory_utility_shadow` review counters of one memory.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MemoryUtilityView {
+    /// Distinct runs with `helpful` feedback and a strong verified success (0 until the
+    /// server issues verification receipts).
+    pub supporting_run_count: u64,
+    /// Distinct runs with `misleading` or `outdated` feedback and a `failed`,
+    /// `user_corrected` or `regression` outcome.
+    pub contradicting_run_count: u64,
+    /// Source links that met every condition.
+    pub counted_links: u64,
+}
+
+/// The workspace's `memory_utility_shadow`: review evidence only.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MemoryUtilityShadow {
+    /// The ledger sequence it was rebuilt at.
+    pub last_seq: u64,
+    /// By memory id; memories without a counted link are absent.
+    pub memories: BTreeMap<String, MemoryUtilityView>,
+}
+
+/// Rebuild the workspace's `memory_utility_shadow` from its ledger (spec 003): per
+/// memory, the runs that source-linked it with the current effective feedback and have
+/// a current outcome. Computed on every read and never stored; nothing ranks, admits,
+/// promotes or decides by it.
+#[utoipa::path(get, path = "/v1/bindings/{binding_id}/runs/memory-utility", tag = "runs",
+    params(BindingIdParam, FenceHeaders, SubjectParam),
+    responses((status = 200, description = "The shadow counters", body = MemoryUtilityShadow)))]
+async fn memory_utility(
+    State(state): State<AppState>,
+    worker: WorkerAccess,
+) -> Result<Json<MemoryUtilityShadow>, ApiError> {
+    let scope = &worker.scope;
+    let span = span(
+        Step::ThreadStateLoad,
+        "ledger.memory_utility",
+        &worker.record.binding_id,
+    );
+    let shadow = traced(span, async {
+        let head = state.store().ledger_state(scope).await?;
+        let mut events = Vec::new();
+        let mut after = 0;
+        while after < head.last_seq {
+            let page = state.store().ledger_events(scope, None, after, 0).await?;
+            let Some(last) = page.last().map(|e| e.seq) else {
+                break;
+            };
+            events.extend(page.into_iter().filter(|e| e.seq <= head.last_seq));
+            after = last;
+        }
+        let memories = ledger::shadow::memory_utility_shadow(&events, &head)
+            .into_iter()
+            .map(|(id, u)| {
+                (
+                    id,
+                    MemoryUtilityView {
+                        supporting_run_count: u.supporting_run_count,
+                        contradicting_run_count: u.contradicting_run_count,
+                        counted_links: u.counted_links,
+                    },
+                )
+            })
+            .collect();
+        Ok::<_, ApiError>(MemoryUtilityShadow {
+            last_seq: head.last_seq,
+            memories,
+        })
+    })
+    .await?;
+    Ok(Json(shadow))
 }
 
 /// What a repair did.

@@ -708,3 +708,56 @@ async def test_degraded_projections_fail_writes_closed_and_reads_keep_serving(se
         assert fixed["state"] == read["state"], "the rebuilt head is the events folded again"
         await call(session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(),
                    type="work_item_completed", payload={"work_item_id": root})
+
+
+async def test_memory_utility_shadow_counts_only_current_feedback_and_never_reorders(server: Any, connect: Any, client: HarnessClient) -> None:
+    workspace = client.bind(f"sh.{uuid.uuid4().hex[:8]}", f"conv-{uuid.uuid4().hex}", harness="claude_agent_sdk").binding_id
+    async with connect() as session:
+        for i, text in enumerate(("Deploys run from the release branch.", "Deploys need a green canary first.")):
+            await call(session, "store", workspace_key=workspace, scope="user", key=f"deploy/{i}", content=text, idempotency_key=key())
+        found = await call(session, "recall", workspace_key=workspace, query="deploys release canary")
+        order = [h["record"]["id"] for h in found["results"]]
+        memory = found["results"][0]["record"]
+        run = await call(session, "begin_run", workspace_key=workspace, idempotency_key=key())
+        rid, root = run["run_id"], run["work_item_id"]
+        recalled = await call(
+            session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(), type="memory_recalled",
+            payload={"memory_attribution": {"receipt": found["receipt"], "selected": [{"memory_id": memory["id"], "rank": 1}]}},
+        )
+        feedback = await call(
+            session, "feedback", workspace_key=workspace, receipt=found["receipt"], memory_id=memory["id"], rank=1,
+            signal="misleading", idempotency_key=key(),
+        )
+
+        def applied(feedback_seq: int) -> dict[str, Any]:
+            return {
+                "workspace_key": workspace, "run_id": rid, "idempotency_key": key(), "type": "memory_applied",
+                "payload": {"memory_attribution": {"source": {
+                    "recalled_seq": recalled["event"]["seq"], "memory_id": memory["id"], "rank": 1, "feedback_seq": feedback_seq,
+                }}},
+            }
+
+        # Only the current effective feedback on that very exposure may be linked.
+        wrong = await session.call_tool("record_run_event", applied(recalled["event"]["seq"]))
+        assert wrong.is_error and wrong.structured_content["error"]["code"] == "invalid"
+        linked = await call(session, "record_run_event", **applied(feedback["seq"]))
+        assert linked["event"]["payload"]["memory_attribution"]["feedback_signal"] == "misleading"
+        # No outcome yet: nothing counts.
+        before = await call(session, "stats", workspace_key=workspace)
+        assert before["memory_utility_shadow"]["memories"] == {}
+        for event_type in ("work_item_started", "work_item_failed"):
+            await call(session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(), type=event_type, payload={"work_item_id": root})
+        await call(session, "complete_run", workspace_key=workspace, run_id=rid, idempotency_key=key(), outcome="failed")
+        after = await call(session, "stats", workspace_key=workspace)
+        counted = after["memory_utility_shadow"]["memories"][memory["id"]]
+        assert (counted["contradicting_run_count"], counted["supporting_run_count"], counted["counted_links"]) == (1, 0, 1)
+        # Newer feedback on the exposure supersedes the linked one: the link earns nothing.
+        await call(
+            session, "feedback", workspace_key=workspace, receipt=found["receipt"], memory_id=memory["id"], rank=1,
+            signal="helpful", idempotency_key=key(),
+        )
+        superseded = await call(session, "stats", workspace_key=workspace)
+        assert memory["id"] not in superseded["memory_utility_shadow"]["memories"]
+        # Review evidence only: recall order is what it was.
+        again = await call(session, "recall", workspace_key=workspace, query="deploys release canary")
+        assert [h["record"]["id"] for h in again["results"]] == order

@@ -13,6 +13,7 @@ pub mod episode;
 mod fold;
 mod metrics;
 mod payload;
+pub mod shadow;
 pub mod signal;
 
 pub use envelope::{
