@@ -54,6 +54,22 @@ fn workspace() -> Value {
     })
 }
 
+/// The compare-and-set preconditions of a governed-v2 event.
+fn preconditions() -> Value {
+    json!({
+        "type": "object",
+        "description": "Required for schema_version 2.",
+        "properties": {
+            "epoch": {"type": "integer", "minimum": 0},
+            "generation": {"type": "integer", "minimum": 0},
+            "run_last_seq": {"type": "integer", "minimum": 0},
+            "status": {"type": "string", "maxLength": 32}
+        },
+        "required": ["epoch", "generation", "run_last_seq", "status"],
+        "additionalProperties": false
+    })
+}
+
 fn idempotency() -> Value {
     json!({
         "type": "string",
@@ -369,23 +385,13 @@ pub fn tools() -> Vec<ToolSpec> {
                         "work_item_completed", "work_item_failed", "work_item_abandoned",
                         "artifact_created", "memory_recalled", "memory_applied",
                         "memory_rejected", "ContextAssembled", "GuardrailEvaluated",
-                        "EffectAttempted", "EffectOutcomeObserved", "HumanReviewRequested"
+                        "EffectAttempted", "EffectOutcomeObserved", "HumanReviewRequested",
+                        "verification_preflight_approved", "verification_evaluated"
                     ]},
                     "payload": {"type": "object", "description": "The type's fields (docs/ledger.md \"Vocabulary\")."},
                     "turn_id": {"type": "string", "minLength": 1, "maxLength": 256, "description": "Default: the payload's work_item_id, else the run's root work item."},
                     "schema_version": {"type": "integer", "enum": [1, 2], "default": 1},
-                    "preconditions": {
-                        "type": "object",
-                        "description": "Required for schema_version 2.",
-                        "properties": {
-                            "epoch": {"type": "integer", "minimum": 0},
-                            "generation": {"type": "integer", "minimum": 0},
-                            "run_last_seq": {"type": "integer", "minimum": 0},
-                            "status": {"type": "string", "maxLength": 32}
-                        },
-                        "required": ["epoch", "generation", "run_last_seq", "status"],
-                        "additionalProperties": false
-                    },
+                    "preconditions": preconditions(),
                     "labels": labels()
                 }),
                 &[
@@ -420,7 +426,7 @@ pub fn tools() -> Vec<ToolSpec> {
         t(
             "complete_run",
             "Complete a run",
-            "Record a run's outcome, or with correction: true a superseding correction of it (terminal_at is kept). Every work item must be terminal first. regression_of_run_id if and only if the outcome is regression. A verified_success without a server-minted verification receipt reads as legacy_declared.",
+            "Record a run's outcome, or with correction: true a superseding correction of it (terminal_at is kept). Every work item must be terminal first. regression_of_run_id if and only if the outcome is regression. A version-1 verified_success reads as legacy_declared; a governed-v2 verified_success (schema_version 2 with preconditions) presents the verification_receipt a passing verification_evaluated returned, and is strong only while that evaluation, its preflight and the run's artifacts are current.",
             object(
                 json!({
                     "workspace_key": workspace(),
@@ -430,6 +436,9 @@ pub fn tools() -> Vec<ToolSpec> {
                     "regression_of_run_id": {"type": "string", "maxLength": 256},
                     "reason": {"type": "string", "maxLength": 4096},
                     "correction": {"type": "boolean", "default": false},
+                    "schema_version": {"type": "integer", "enum": [1, 2], "default": 1},
+                    "preconditions": preconditions(),
+                    "verification_receipt": {"type": "string", "maxLength": 4096, "description": "The server-minted receipt of a passing verification_evaluated (governed-v2 verified_success only)."},
                     "labels": labels()
                 }),
                 &["workspace_key", "run_id", "idempotency_key", "outcome"],

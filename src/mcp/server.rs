@@ -139,6 +139,40 @@ fn tools() -> Vec<Tool> {
         .unwrap_or_default()
 }
 
+/// The preconditions of a governed-v2 event (`schema_version` 2) into the `/v1` body;
+/// returns the fence they name (epoch, generation), which the call then carries.
+fn governed(
+    args: &Args<'_>,
+    tool: &str,
+    version: u64,
+    body: &mut Value,
+) -> Result<Option<(u64, u64)>, Refused> {
+    match args.opt("preconditions") {
+        None if version == 2 => Err(invalid(format!(
+            "{tool}: a governed-v2 event (schema_version 2) carries preconditions: epoch, generation, run_last_seq and status"
+        ))),
+        None => Ok(None),
+        Some(Value::Object(pre)) => {
+            let get = |k: &str| pre.get(k).and_then(Value::as_u64);
+            let (Some(epoch), Some(generation), Some(seq), Some(status)) = (
+                get("epoch"),
+                get("generation"),
+                get("run_last_seq"),
+                pre.get("status").and_then(Value::as_str),
+            ) else {
+                return Err(invalid(format!(
+                    "{tool}: preconditions need epoch, generation, run_last_seq (integers) and status"
+                )));
+            };
+            body["preconditions"] = json!({"run_last_seq": seq, "status": status});
+            Ok(Some((epoch, generation)))
+        }
+        Some(_) => Err(invalid(format!(
+            "{tool}: `preconditions` must be an object"
+        ))),
+    }
+}
+
 /// A tool's answer: the `/v1` body as structured content.
 fn answer(status: StatusCode, body: Value) -> CallToolResult {
     if status.is_success() {
@@ -657,34 +691,7 @@ impl HarnessMcp {
                     "versions": {"schema": format!("{event_type}/{version}")},
                     "payload": payload,
                 });
-                let fence = match args.opt("preconditions") {
-                    None if version == 2 => {
-                        return Err(invalid(
-                            "record_run_event: a governed-v2 event (schema_version 2) carries preconditions: epoch, generation, run_last_seq and status",
-                        ));
-                    }
-                    None => None,
-                    Some(Value::Object(pre)) => {
-                        let get = |k: &str| pre.get(k).and_then(Value::as_u64);
-                        let (Some(epoch), Some(generation), Some(seq), Some(status)) = (
-                            get("epoch"),
-                            get("generation"),
-                            get("run_last_seq"),
-                            pre.get("status").and_then(Value::as_str),
-                        ) else {
-                            return Err(invalid(
-                                "record_run_event: preconditions need epoch, generation, run_last_seq (integers) and status",
-                            ));
-                        };
-                        body["preconditions"] = json!({"run_last_seq": seq, "status": status});
-                        Some((epoch, generation))
-                    }
-                    Some(_) => {
-                        return Err(invalid(
-                            "record_run_event: `preconditions` must be an object",
-                        ));
-                    }
-                };
+                let fence = governed(args, name, version, &mut body)?;
                 let headers = keyed(&self.fenced(&base, workspace, fence).await?)?;
                 self.send(
                     Method::POST,
@@ -734,7 +741,7 @@ impl HarnessMcp {
                 let labels = labels(args)?;
                 let mut payload = Map::new();
                 payload.insert("outcome".into(), json!(outcome));
-                for field in ["regression_of_run_id", "reason"] {
+                for field in ["regression_of_run_id", "reason", "verification_receipt"] {
                     if let Some(v) = args.opt_str(field)? {
                         payload.insert(field.into(), json!(v));
                     }
@@ -744,18 +751,25 @@ impl HarnessMcp {
                 } else {
                     "RunCompleted"
                 };
-                let headers = keyed(&self.fenced(&base, workspace, None).await?)?;
+                let version = args.u64("schema_version")?.unwrap_or(1);
+                if !matches!(version, 1 | 2) {
+                    return Err(invalid("complete_run: `schema_version` is 1 or 2"));
+                }
+                let mut body = json!({
+                    "type": event_type,
+                    "run_id": run,
+                    "turn_id": run,
+                    "agent_id": agent_of(labels.as_ref()),
+                    "versions": {"schema": format!("{event_type}/{version}")},
+                    "payload": payload,
+                });
+                let fence = governed(args, name, version, &mut body)?;
+                let headers = keyed(&self.fenced(&base, workspace, fence).await?)?;
                 self.send(
                     Method::POST,
                     format!("/v1/bindings/{ws}/runs/events"),
                     &headers,
-                    Some(json!({
-                        "type": event_type,
-                        "run_id": run,
-                        "turn_id": run,
-                        "agent_id": agent_of(labels.as_ref()),
-                        "payload": payload,
-                    })),
+                    Some(body),
                 )
                 .await
             }

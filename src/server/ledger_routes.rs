@@ -457,6 +457,13 @@ pub enum EventKind {
     /// A note on a memory (run id `memory`).
     #[serde(rename = "memory_annotated")]
     MemoryAnnotated,
+    /// Acceptance criteria, evaluator and run configuration approved before success is
+    /// judged (by a control-plane caller, not the run's sandbox worker).
+    #[serde(rename = "verification_preflight_approved")]
+    VerificationPreflightApproved,
+    /// The preflight's evaluator's verdict; a `pass` answers with a verification receipt.
+    #[serde(rename = "verification_evaluated")]
+    VerificationEvaluated,
 }
 
 impl From<EventKind> for EventType {
@@ -486,6 +493,8 @@ impl From<EventKind> for EventType {
             EventKind::SignalAcked => EventType::SignalAcked,
             EventKind::MemoryFeedback => EventType::MemoryFeedback,
             EventKind::MemoryAnnotated => EventType::MemoryAnnotated,
+            EventKind::VerificationPreflightApproved => EventType::VerificationPreflightApproved,
+            EventKind::VerificationEvaluated => EventType::VerificationEvaluated,
         }
     }
 }
@@ -517,6 +526,8 @@ impl From<EventType> for EventKind {
             EventType::SignalAcked => EventKind::SignalAcked,
             EventType::MemoryFeedback => EventKind::MemoryFeedback,
             EventType::MemoryAnnotated => EventKind::MemoryAnnotated,
+            EventType::VerificationPreflightApproved => EventKind::VerificationPreflightApproved,
+            EventType::VerificationEvaluated => EventKind::VerificationEvaluated,
         }
     }
 }
@@ -768,6 +779,11 @@ pub struct EventAppended {
     pub effect: Option<EffectView>,
     /// The signal a signal event names, after the append (on a replay: as it stands).
     pub signal: Option<SignalView>,
+    /// For a passing `verification_evaluated` that is the run's current evaluation: the
+    /// server-minted receipt a governed-v2 `verified_success` presents as
+    /// `verification_receipt`. Never stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verification_receipt: Option<String>,
 }
 
 /// A workspace signal.
@@ -987,6 +1003,7 @@ impl From<ledger::Episode> for EpisodeView {
                 strength: match h.strength {
                     ledger::OutcomeStrength::Declared => "declared",
                     ledger::OutcomeStrength::LegacyDeclared => "legacy_declared",
+                    ledger::OutcomeStrength::Verified => "verified",
                 }
                 .to_owned(),
                 seq: h.seq,
@@ -1341,7 +1358,11 @@ async fn append_event(
     ApiJson(body): ApiJson<AppendEventBody>,
 ) -> Result<(StatusCode, Json<EventAppended>), ApiError> {
     let sandbox_worker = worker.sandbox_worker();
-    let WorkerAccess { record, scope, .. } = worker;
+    let WorkerAccess {
+        record,
+        scope,
+        caller,
+    } = worker;
     let event_type = EventType::from(body.event_type);
     if sandbox_worker && event_type == EventType::HumanReviewResolved {
         // A person's decision (an outcome or an approval) is relayed by a control-plane
@@ -1376,6 +1397,14 @@ async fn append_event(
         &mut payload,
     )
     .await?;
+    super::verification::resolve(
+        &state,
+        &caller,
+        &scope,
+        event_type,
+        &body.run_id,
+        &mut payload,
+    )?;
     let rules = state.ledger_budgets().rules(&record.binding_id);
     let payload_tool = payload
         .get("tool")
@@ -1401,7 +1430,18 @@ async fn append_event(
             status: p.status,
         }),
     };
-    let (status, appended) = append(&state, &scope, &request).await?;
+    let (status, mut appended) = append(&state, &scope, &request).await?;
+    if event_type == EventType::VerificationEvaluated {
+        // A passing verdict earns a receipt (a retry gets it again while it is current).
+        let head = state.store().ledger_state(&scope).await?;
+        appended.verification_receipt = super::verification::mint(
+            &state,
+            &scope,
+            &request.event.run_id,
+            appended.event.seq,
+            &head,
+        );
+    }
     Ok((status, Json(appended)))
 }
 
@@ -1484,6 +1524,7 @@ async fn append(
             event: appended.event.into(),
             effect,
             signal,
+            verification_receipt: None,
         },
     ))
 }
@@ -1730,8 +1771,8 @@ impl From<ledger::ProjectionHealth> for ProjectionHealthView {
 /// The `memory_utility_shadow` review counters of one memory.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct MemoryUtilityView {
-    /// Distinct runs with `helpful` feedback and a strong verified success (0 until the
-    /// server issues verification receipts).
+    /// Distinct runs with `helpful` feedback and a strong verified success (a governed-v2
+    /// `verified_success` bound to a current verification receipt).
     pub supporting_run_count: u64,
     /// Distinct runs with `misleading` or `outdated` feedback and a `failed`,
     /// `user_corrected` or `regression` outcome.

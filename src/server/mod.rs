@@ -57,6 +57,7 @@ pub mod middleware;
 pub mod openapi;
 pub mod review;
 pub mod routes;
+pub mod verification;
 
 /// Request bodies may exceed the largest payload by this much (headers of a multipart
 /// future, JSON framing of a commit): small, so a body limit still means what it says.

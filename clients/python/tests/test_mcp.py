@@ -761,3 +761,84 @@ async def test_memory_utility_shadow_counts_only_current_feedback_and_never_reor
         # Review evidence only: recall order is what it was.
         again = await call(session, "recall", workspace_key=workspace, query="deploys release canary")
         assert [h["record"]["id"] for h in again["results"]] == order
+
+
+async def test_strong_success_needs_a_current_server_minted_verification_receipt(server: Any, connect: Any, workspace: str, client: HarnessClient) -> None:
+    binding = client.get_binding(workspace)
+    fence = {"epoch": binding.epoch, "generation": binding.lease_generation}
+    async with connect() as session:
+        run = await call(session, "begin_run", workspace_key=workspace, idempotency_key=key())
+        rid, root = run["run_id"], run["work_item_id"]
+
+        async def event(event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
+            return await call(session, "record_run_event", workspace_key=workspace, run_id=rid, idempotency_key=key(), type=event_type, payload=payload)
+
+        async def complete(**extra: Any) -> Any:
+            last = (await call(session, "get_run", workspace_key=workspace, run_id=rid))["state"]["last_seq"]
+            return await session.call_tool("complete_run", {
+                "workspace_key": workspace, "run_id": rid, "idempotency_key": key(), "outcome": "verified_success",
+                "schema_version": 2, "preconditions": {**fence, "run_last_seq": last, "status": "running"}, **extra,
+            })
+
+        await event("work_item_started", {"work_item_id": root})
+        report = {"sha256": "a" * 64, "mime_type": "application/pdf", "uri": "https://files.example/report.pdf"}
+        await event("artifact_created", {"artifact": report})
+        await event("work_item_completed", {"work_item_id": root})
+        bare = await complete()
+        assert bare.is_error and "verification_receipt" in bare.structured_content["error"]["message"]
+
+        config = "sha256:" + hashlib.sha256(b"model=m-1;tools=payments@3").hexdigest()
+        pre = await event("verification_preflight_approved", {
+            "criteria": ["the refund is issued once", "the customer is told the amount"],
+            "evaluator": "ci-suite", "run_configuration_digest": config,
+        })
+        approved = pre["event"]["payload"]
+        assert approved["approved_by"] and approved["criteria_digest"].startswith("sha256:"), "set by the server"
+        forged = await session.call_tool("record_run_event", {
+            "workspace_key": workspace, "run_id": rid, "idempotency_key": key(), "type": "verification_preflight_approved",
+            "payload": {"criteria": ["x"], "evaluator": "ci-suite", "run_configuration_digest": config, "approved_by": "someone"},
+        })
+        assert forged.is_error and forged.structured_content["error"]["code"] == "invalid"
+        pre = await event("verification_preflight_approved", {
+            "criteria": ["the refund is issued once", "the customer is told the amount"],
+            "evaluator": "ci-suite", "run_configuration_digest": config,
+        })
+        pre_seq = pre["event"]["seq"]
+        other = await session.call_tool("record_run_event", {
+            "workspace_key": workspace, "run_id": rid, "idempotency_key": key(), "type": "verification_evaluated",
+            "payload": {"preflight_seq": pre_seq, "evaluator": "someone-else", "verdict": "pass"},
+        })
+        assert other.is_error and other.structured_content["error"]["code"] == "conflict"
+        failed = await event("verification_evaluated", {"preflight_seq": pre_seq, "evaluator": "ci-suite", "verdict": "fail"})
+        assert "verification_receipt" not in failed, "a failing verdict earns no receipt"
+        passed = await event("verification_evaluated", {"preflight_seq": pre_seq, "evaluator": "ci-suite", "verdict": "pass"})
+        receipt = passed["verification_receipt"]
+        assert receipt.startswith("hvr1.")
+
+        # A receipt anywhere but the outcome's verification_receipt is refused, not echoed.
+        stray = await session.call_tool("record_run_event", {
+            "workspace_key": workspace, "run_id": rid, "idempotency_key": key(), "type": "GuardrailEvaluated",
+            "payload": {"guardrail": "pii", "result": "pass", "note": receipt},
+        })
+        assert stray.is_error and "hvr1." not in json.dumps(stray.structured_content)
+        # Tampered: refused without an echo.
+        body, mac = receipt.rsplit(".", 1)
+        for bad in (f"{body}.{'0' * 64}", body[:-2] + ("AA" if body[-2:] != "AA" else "BB") + "." + mac):
+            refused_outcome = await complete(verification_receipt=bad)
+            assert refused_outcome.is_error and refused_outcome.structured_content["error"]["code"] == "invalid"
+            assert "hvr1." not in json.dumps(refused_outcome.structured_content)
+        # Stale: an artifact added after the evaluation.
+        await event("artifact_created", {"artifact": {**report, "sha256": "b" * 64}})
+        stale = await complete(verification_receipt=receipt)
+        assert stale.is_error and stale.structured_content["error"]["code"] == "conflict"
+        assert "artifacts changed" in stale.structured_content["error"]["message"]
+        # Evaluated again: the new receipt makes the success strong.
+        again = await event("verification_evaluated", {"preflight_seq": pre_seq, "evaluator": "ci-suite", "verdict": "pass"})
+        done = await complete(verification_receipt=again["verification_receipt"])
+        assert not done.is_error, done.structured_content
+        read = await call(session, "get_run", workspace_key=workspace, run_id=rid)
+        head = read["state"]["episode"]["outcome_head"]
+        assert (head["outcome"], head["strength"]) == ("verified_success", "verified")
+        assert "hvr1." not in json.dumps(read), "no receipt is ever stored"
+        recorded = [e for e in read["events"] if e["type"] == "RunCompleted"][0]["payload"]["verification"]
+        assert recorded["receipt_hash"] == "sha256:" + hashlib.sha256(again["verification_receipt"].encode()).hexdigest()

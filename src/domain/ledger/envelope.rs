@@ -71,10 +71,19 @@ pub enum EventType {
     /// version does not change.
     #[serde(rename = "memory_annotated")]
     MemoryAnnotated,
+    /// Acceptance criteria, evaluator and run configuration approved before a run's
+    /// success is judged (`spec/003` "complete_run": the approved preflight), by a
+    /// control-plane caller, never the run's own sandbox worker.
+    #[serde(rename = "verification_preflight_approved")]
+    VerificationPreflightApproved,
+    /// The named evaluator's verdict on the run against the current preflight and the
+    /// run's current artifacts; a `pass` earns a server-minted verification receipt.
+    #[serde(rename = "verification_evaluated")]
+    VerificationEvaluated,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 24] = [
+    pub const ALL: [EventType; 26] = [
         EventType::RunStarted,
         EventType::RunCompleted,
         EventType::ContextAssembled,
@@ -99,6 +108,8 @@ impl EventType {
         EventType::SignalAcked,
         EventType::MemoryFeedback,
         EventType::MemoryAnnotated,
+        EventType::VerificationPreflightApproved,
+        EventType::VerificationEvaluated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -127,6 +138,8 @@ impl EventType {
             EventType::SignalAcked => "signal_acked",
             EventType::MemoryFeedback => "memory_feedback",
             EventType::MemoryAnnotated => "memory_annotated",
+            EventType::VerificationPreflightApproved => "verification_preflight_approved",
+            EventType::VerificationEvaluated => "verification_evaluated",
         }
     }
 

@@ -99,6 +99,56 @@ pub enum OutcomeStrength {
     Declared,
     /// A version-1 `verified_success`: read as declared, never as strong verification.
     LegacyDeclared,
+    /// A governed-v2 `verified_success` bound to a current server-minted verification
+    /// receipt: strong verification.
+    Verified,
+}
+
+/// The approved preflight of a run: what its success will be judged against.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preflight {
+    pub seq: u64,
+    /// `sha256:` of the canonical JSON list of the criteria.
+    pub criteria_digest: String,
+    pub evaluator: String,
+    pub run_configuration_digest: String,
+    /// The authenticated principal that approved it (set by the server).
+    pub approved_by: String,
+}
+
+/// The latest evaluation of a run against its preflight.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evaluation {
+    pub seq: u64,
+    pub preflight_seq: u64,
+    /// `pass` or `fail`.
+    pub verdict: String,
+    /// The run's artifacts when it was evaluated ([`artifacts_digest`]).
+    pub artifacts_digest: String,
+}
+
+/// The digest of a run's current artifacts (ids, digests, types and URIs, by id): a
+/// receipt bound to it goes stale when an artifact is added.
+pub fn artifacts_digest(ep: &Episode) -> String {
+    let list: Vec<Value> = ep
+        .artifacts
+        .iter()
+        .map(|(id, a)| serde_json::json!([id, a.sha256, a.mime_type, a.uri]))
+        .collect();
+    crate::domain::ids::content_digest(super::canonical_json(&Value::Array(list)).as_bytes())
+}
+
+/// What a verified outcome records (`payload.verification`, set by the server from a
+/// verification receipt it minted; a caller cannot set it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verification {
+    pub receipt_hash: String,
+    pub evaluated_seq: u64,
+    pub preflight_seq: u64,
+    pub criteria_digest: String,
+    pub artifacts_digest: String,
+    pub run_configuration_digest: String,
+    pub evaluator: String,
 }
 
 /// The run's current outcome head: the first outcome, or the latest correction of it.
@@ -142,6 +192,12 @@ pub struct Episode {
     pub current_outcome_updated_at_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outcome_head: Option<OutcomeHead>,
+    /// The approved preflight (the latest approval replaces it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<Preflight>,
+    /// The latest evaluation against the preflight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<Evaluation>,
 }
 
 fn str_of<'a>(payload: &'a Value, name: &str) -> Option<&'a str> {
@@ -231,16 +287,56 @@ pub fn check_governed(
             ),
         });
     }
-    if is_governed(new)
-        && matches!(
-            new.event_type,
-            EventType::RunCompleted | EventType::RunOutcomeCorrected
-        )
-        && outcome_of(&new.payload) == Some(RunOutcomeKind::VerifiedSuccess)
-    {
+    Ok(())
+}
+
+/// The outcome rules of verification: a governed-v2 `verified_success` carries the
+/// server's `verification` (from a receipt it minted), and that verification must be
+/// current now, in the same atomic step as the append: the latest evaluation, a pass,
+/// against the current preflight, with the run's artifacts unchanged since. A
+/// `verification` on anything else is refused.
+fn check_verification(run: &RunState, new: &NewEvent) -> Result<(), Rejection> {
+    let verified = outcome_of(&new.payload) == Some(RunOutcomeKind::VerifiedSuccess);
+    let given = new.payload.get("verification");
+    if !(is_governed(new) && verified) {
+        if given.is_some() {
+            return Err(Rejection::Invalid(
+                "a verification is recorded only on a governed-v2 verified_success".into(),
+            ));
+        }
+        return Ok(());
+    }
+    let Some(given) = given else {
         return Err(Rejection::Invalid(
-            "a governed-v2 verified_success needs a server-minted verification receipt, which this server does not issue yet; record the outcome as resolved (declared)".into(),
+            "a governed-v2 verified_success needs `verification_receipt`: the receipt the server minted for a passing verification_evaluated of this run".into(),
         ));
+    };
+    let v: Verification = serde_json::from_value(given.clone())
+        .map_err(|e| Rejection::Invalid(format!("payload field `verification`: {e}")))?;
+    let ep = &run.episode;
+    let stale = |why: &str| {
+        Err(conflict(format!(
+            "the verification receipt is no longer current: {why}; evaluate the run again"
+        )))
+    };
+    let (Some(pre), Some(eval)) = (&ep.preflight, &ep.evaluation) else {
+        return stale("the run has no approved preflight and evaluation");
+    };
+    if eval.seq != v.evaluated_seq || eval.preflight_seq != v.preflight_seq {
+        return stale("a later evaluation replaced it");
+    }
+    if pre.seq != v.preflight_seq
+        || pre.criteria_digest != v.criteria_digest
+        || pre.run_configuration_digest != v.run_configuration_digest
+        || pre.evaluator != v.evaluator
+    {
+        return stale("the preflight changed");
+    }
+    if eval.verdict != "pass" {
+        return stale("the evaluation did not pass");
+    }
+    if artifacts_digest(ep) != v.artifacts_digest || eval.artifacts_digest != v.artifacts_digest {
+        return stale("the run's artifacts changed since it was evaluated");
     }
     Ok(())
 }
@@ -291,8 +387,31 @@ pub fn admit(run: &RunState, new: &NewEvent) -> Result<(), Rejection> {
                 )))
             }
         }
+        EventType::VerificationEvaluated => {
+            let Some(pre) = &ep.preflight else {
+                return Err(conflict(format!(
+                    "run {} has no approved preflight to evaluate against",
+                    run.run_id
+                )));
+            };
+            let named = p.get("preflight_seq").and_then(Value::as_u64).unwrap_or(0);
+            if named != pre.seq {
+                return Err(conflict(format!(
+                    "preflight {named} is not the run's current preflight ({})",
+                    pre.seq
+                )));
+            }
+            if str_of(p, "evaluator") != Some(pre.evaluator.as_str()) {
+                return Err(conflict(format!(
+                    "the preflight names evaluator {}; another evaluator's verdict does not verify this run",
+                    pre.evaluator
+                )));
+            }
+            Ok(())
+        }
         EventType::RunCompleted => {
             check_outcome(run, p)?;
+            check_verification(run, new)?;
             if let Some((id, w)) = ep.work_items.iter().find(|(_, w)| !w.status.is_terminal()) {
                 return Err(conflict(format!(
                     "work item {id} is {}: every work item ends with work_item_completed, work_item_failed or work_item_abandoned before the run's outcome",
@@ -303,6 +422,7 @@ pub fn admit(run: &RunState, new: &NewEvent) -> Result<(), Rejection> {
         }
         EventType::RunOutcomeCorrected => {
             check_outcome(run, p)?;
+            check_verification(run, new)?;
             if run.status != RunStatus::Completed || ep.outcome_head.is_none() {
                 return Err(conflict(format!(
                     "run {} has no outcome to correct; complete it first",
@@ -385,16 +505,39 @@ pub fn apply(run: &mut RunState, event: &LedgerEvent) {
                 );
             }
         }
+        EventType::VerificationPreflightApproved => {
+            let text = |k: &str| str_of(p, k).unwrap_or_default().to_owned();
+            ep.preflight = Some(Preflight {
+                seq,
+                criteria_digest: text("criteria_digest"),
+                evaluator: text("evaluator"),
+                run_configuration_digest: text("run_configuration_digest"),
+                approved_by: text("approved_by"),
+            });
+            ep.evaluation = None;
+        }
+        EventType::VerificationEvaluated => {
+            ep.evaluation = Some(Evaluation {
+                seq,
+                preflight_seq: p.get("preflight_seq").and_then(Value::as_u64).unwrap_or(0),
+                verdict: str_of(p, "verdict").unwrap_or_default().to_owned(),
+                artifacts_digest: artifacts_digest(ep),
+            });
+        }
         EventType::RunCompleted | EventType::RunOutcomeCorrected => {
             let Some(outcome) = outcome_of(p) else {
                 return;
             };
-            let legacy = outcome == RunOutcomeKind::VerifiedSuccess;
+            let verified =
+                outcome == RunOutcomeKind::VerifiedSuccess && p.get("verification").is_some();
+            let legacy = outcome == RunOutcomeKind::VerifiedSuccess && !verified;
             let corrections = ep.outcome_head.as_ref().map_or(0, |h| h.corrections)
                 + u64::from(event.event_type == EventType::RunOutcomeCorrected);
             ep.outcome_head = Some(OutcomeHead {
                 outcome,
-                strength: if legacy {
+                strength: if verified {
+                    OutcomeStrength::Verified
+                } else if legacy {
                     OutcomeStrength::LegacyDeclared
                 } else {
                     OutcomeStrength::Declared

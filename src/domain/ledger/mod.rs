@@ -15,6 +15,7 @@ mod metrics;
 mod payload;
 pub mod shadow;
 pub mod signal;
+pub mod verification;
 
 pub use envelope::{
     EventType, FEEDBACK_RUN, LedgerEvent, NewEvent, Versions, canonical_json, event_id,

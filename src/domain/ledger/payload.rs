@@ -338,6 +338,9 @@ fn validate_artifact(artifact: &Value) -> Result<(), Rejection> {
     Ok(())
 }
 
+/// Most acceptance criteria one preflight approves.
+pub const MAX_CRITERIA: usize = 32;
+
 /// Most memories one `memory_recalled` selects.
 pub const MAX_ATTRIBUTED: usize = 32;
 
@@ -449,6 +452,56 @@ pub fn validate_payload(t: EventType, payload: &Value) -> Result<(), Rejection> 
             one_of(map, t, "outcome", RunOutcomeKind::parse, RUN_OUTCOMES)?;
             optional_string(map, t, "regression_of_run_id", 256)?;
             optional_string(map, t, "reason", 4096)
+        }
+        EventType::VerificationPreflightApproved => {
+            let Some(Value::Array(criteria)) = map.get("criteria") else {
+                return Err(Rejection::Invalid(
+                    "verification_preflight_approved payload field `criteria` must be a list of 1 to 32 acceptance criteria".into(),
+                ));
+            };
+            if criteria.is_empty()
+                || criteria.len() > MAX_CRITERIA
+                || !criteria.iter().all(|c| {
+                    c.as_str()
+                        .is_some_and(|c| !c.trim().is_empty() && c.len() <= 1024)
+                })
+            {
+                return Err(Rejection::Invalid(format!(
+                    "verification_preflight_approved payload field `criteria` must be a list of 1 to {MAX_CRITERIA} non-empty strings of at most 1024 bytes"
+                )));
+            }
+            optional_string(map, t, "evaluator", 256)?;
+            string_field(map, t, "evaluator")?;
+            string_field(map, t, "approved_by")?;
+            for k in ["run_configuration_digest", "criteria_digest"] {
+                if !map.get(k).and_then(Value::as_str).is_some_and(is_sha256) {
+                    return Err(Rejection::Invalid(format!(
+                        "verification_preflight_approved payload field `{k}` must be sha256: and 64 hex digits"
+                    )));
+                }
+            }
+            Ok(())
+        }
+        EventType::VerificationEvaluated => {
+            if map
+                .get("preflight_seq")
+                .and_then(Value::as_u64)
+                .is_none_or(|s| s == 0)
+            {
+                return Err(Rejection::Invalid(
+                    "verification_evaluated payload field `preflight_seq` must be the sequence of the run's verification_preflight_approved".into(),
+                ));
+            }
+            optional_string(map, t, "evaluator", 256)?;
+            string_field(map, t, "evaluator")?;
+            optional_string(map, t, "notes", 4096)?;
+            one_of(
+                map,
+                t,
+                "verdict",
+                |s| matches!(s, "pass" | "fail").then_some(()),
+                "pass, fail",
+            )
         }
         EventType::WorkItemCreated => {
             string_field(map, t, "work_item_id")?;

@@ -6,10 +6,10 @@
 //! Only source links that cite a feedback (`feedback_seq`) count, and only while that
 //! feedback is still the effective head for its exposure and the link's run has a
 //! current outcome head. Manual references (always review-required) never count.
-//! - `supporting_run_count`: distinct runs with `helpful` feedback and a strong
-//!   verified success. No outcome is strong yet (a version-1 `verified_success` reads
-//!   as `legacy_declared` and governed-v2 strong success needs a server-minted receipt
-//!   this server does not issue), so it is 0 until such receipts exist.
+//! - `supporting_run_count`: distinct runs with `helpful` feedback and a strong verified
+//!   success (a governed-v2 `verified_success` bound to a current server-minted
+//!   verification receipt; a version-1 `verified_success` reads as `legacy_declared` and
+//!   never counts).
 //! - `contradicting_run_count`: distinct runs with `misleading` or `outdated` feedback
 //!   and a `failed`, `user_corrected` or `regression` outcome.
 
@@ -29,9 +29,10 @@ pub struct MemoryUtility {
     pub counted_links: u64,
 }
 
-/// Whether an outcome head is strong verification (none is, yet: see the module doc).
+/// Whether an outcome head is strong verification.
 fn strong(strength: OutcomeStrength) -> bool {
     match strength {
+        OutcomeStrength::Verified => true,
         OutcomeStrength::Declared | OutcomeStrength::LegacyDeclared => false,
     }
 }
