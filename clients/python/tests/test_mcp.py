@@ -832,6 +832,16 @@ async def test_strong_success_needs_a_current_server_minted_verification_receipt
         stale = await complete(verification_receipt=receipt)
         assert stale.is_error and stale.structured_content["error"]["code"] == "conflict"
         assert "artifacts changed" in stale.structured_content["error"]["message"]
+        # A memory the run applied, with helpful feedback: the strong success supports it.
+        stored = await call(session, "store", workspace_key=workspace, scope="user", key="refunds/policy",
+                            content="Refunds above 500 EUR need a second approver.", idempotency_key=key())
+        found = await call(session, "recall", workspace_key=workspace, query="refunds approver")
+        rank = [h["record"]["id"] for h in found["results"]].index(stored["record"]["id"]) + 1
+        recalled = await event("memory_recalled", {"memory_attribution": {"receipt": found["receipt"], "selected": [{"memory_id": stored["record"]["id"], "rank": rank}]}})
+        helpful = await call(session, "feedback", workspace_key=workspace, receipt=found["receipt"], memory_id=stored["record"]["id"],
+                             rank=rank, signal="helpful", idempotency_key=key())
+        await event("memory_applied", {"memory_attribution": {"source": {
+            "recalled_seq": recalled["event"]["seq"], "memory_id": stored["record"]["id"], "rank": rank, "feedback_seq": helpful["seq"]}}})
         # Evaluated again: the new receipt makes the success strong.
         again = await event("verification_evaluated", {"preflight_seq": pre_seq, "evaluator": "ci-suite", "verdict": "pass"})
         done = await complete(verification_receipt=again["verification_receipt"])
@@ -842,3 +852,5 @@ async def test_strong_success_needs_a_current_server_minted_verification_receipt
         assert "hvr1." not in json.dumps(read), "no receipt is ever stored"
         recorded = [e for e in read["events"] if e["type"] == "RunCompleted"][0]["payload"]["verification"]
         assert recorded["receipt_hash"] == "sha256:" + hashlib.sha256(again["verification_receipt"].encode()).hexdigest()
+        shadow = (await call(session, "stats", workspace_key=workspace))["memory_utility_shadow"]["memories"]
+        assert shadow[stored["record"]["id"]]["supporting_run_count"] == 1, shadow
