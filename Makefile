@@ -6,7 +6,7 @@ CARGO ?= cargo
 TEST_TIMEOUT ?= 2400
 E2E := e2e/scripts
 
-.PHONY: kind-e2e all build test lint fmt crds openapi mcp-tools bench-mcp unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos
+.PHONY: kind-e2e all build test lint fmt crds openapi mcp-tools bench-mcp unit e2e-build e2e-up e2e-down dev clean-e2e bench-store bench-api bench-operator bench-memory bench-memory-scan bench-ledger bench-abuse python-test bench-python ci-fresh install-yaml chaos fuzz
 
 all: build
 
@@ -120,6 +120,15 @@ DURATION ?= 60s
 chaos:
 	CHAOS_SEED=$(SEED) CHAOS_BACKEND=$(BACKEND) CHAOS_DURATION=$(DURATION) \
 	  $(CARGO) test --locked --test chaos -- --ignored --exact chaos --nocapture
+
+## fuzz: build the fuzz targets of fuzz/ (nightly, libFuzzer) and run each for SECONDS
+## (default 60) on its committed corpus; TARGETS=... picks some, JOBS=2 runs two at once
+## (docs/reliability.md "Fuzzing").
+SECONDS ?= 60
+JOBS ?= 1
+TARGETS ?=
+fuzz:
+	FUZZ_SECONDS=$(SECONDS) FUZZ_JOBS=$(JOBS) scripts/fuzz.sh $(TARGETS)
 
 ## ci-fresh: clone HEAD into a temporary directory and run .ci/run there with empty Go,
 ## e2e and Cargo caches: the cold start a new machine sees (KEEP=1 keeps the directory).

@@ -143,6 +143,13 @@ fn to_doc(r: &MemoryRecord) -> Result<Document> {
     bson::to_document(&d).map_err(|e| corrupt("memory document", e))
 }
 
+/// Decodes a stored memory document from its BSON bytes, as a read does (for the fuzz
+/// targets and tests: a corrupt document is an error, never a panic).
+pub fn decode_memory_document(bytes: &[u8]) -> Result<MemoryRecord> {
+    let d = Document::from_reader(bytes).map_err(|e| corrupt("memory document", e))?;
+    from_doc(d)
+}
+
 fn from_doc(d: Document) -> Result<MemoryRecord> {
     let d: MemoryDoc = bson::from_document(d).map_err(|e| corrupt("memory document", e))?;
     Ok(MemoryRecord {

@@ -40,6 +40,7 @@ mod bindings;
 mod layout;
 mod ledger;
 mod memory;
+pub use memory::decode_memory_document;
 mod native;
 mod retention;
 mod state;
