@@ -47,8 +47,8 @@ run_one() {
 }
 summary() {
   local t=$1 rc=$2 runs cov
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$work/$t.log" | tail -1)
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.log" | tail -1 || true)
+  cov=$(grep -o 'cov: [0-9]*' "$work/$t.log" | tail -1 || true)
   if [[ $rc -eq 0 ]]; then
     log "$t: ${runs:-?} runs in ${seconds}s, ${cov:-cov: ?}, no crash"
   else

@@ -1,5 +1,7 @@
 //! The memory write pipeline's scanner and redactor on any text: never panics, and what
-//! redaction leaves holds no secret the redactor would take out again.
+//! redaction leaves is a fixed point: redacting it again changes nothing. Not yet true:
+//! `fuzz/crashes/memory_scanner/` holds an input whose second pass widens a
+//! `url_password` match over earlier markers (docs/reliability.md "Fuzzing").
 #![no_main]
 
 use harness_engine::domain::memory::{scan, secrets};
@@ -11,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let _ = scan::scan(text);
     let (redacted, _) = scan::redact(text);
-    let (again, more) = scan::redact(&redacted);
-    assert_eq!(more, 0, "redaction left a secret behind: {again:?}");
+    let (again, _) = scan::redact(&redacted);
+    assert_eq!(again, redacted, "redaction left a secret behind");
     let _ = secrets::redact_with_findings(text);
 });
