@@ -131,6 +131,29 @@ impl Keyring {
         self.mac(domain, &[bytes])
     }
 
+    /// A signed token: `prefix` + base64url(`json`) + `.` + the hex [`Self::sign`] of
+    /// `json` in `domain` (recall and verification receipts).
+    pub fn seal(&self, prefix: &str, domain: &str, json: &str) -> String {
+        use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+        let mac = self.sign(domain, json.as_bytes());
+        format!(
+            "{prefix}{}.{}",
+            URL_SAFE_NO_PAD.encode(json.as_bytes()),
+            hex::encode(mac)
+        )
+    }
+
+    /// The JSON a [`Self::seal`]ed token carries, if it has the prefix and this server's
+    /// signature in `domain`.
+    pub fn open(&self, prefix: &str, domain: &str, token: &str) -> Option<Vec<u8>> {
+        use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+        let (body, mac) = token.strip_prefix(prefix)?.split_once('.')?;
+        let json = URL_SAFE_NO_PAD.decode(body).ok()?;
+        let mut presented = [0u8; 32];
+        hex::decode_to_slice(mac, &mut presented).ok()?;
+        self.verify(domain, &json, &presented).then_some(json)
+    }
+
     /// Whether `mac` is [`Self::sign`] of `bytes`, compared in constant time.
     pub fn verify(&self, domain: &str, bytes: &[u8], mac: &[u8; 32]) -> bool {
         let expected = self.sign(domain, bytes);

@@ -11,7 +11,6 @@
 //! current (the latest evaluation, a pass, the same preflight, the same artifacts) is
 //! decided in the append's atomic step ([`super::episode`]).
 
-use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -40,12 +39,7 @@ pub struct VerificationReceipt {
 /// Signs a receipt.
 pub fn encode(keyring: &Keyring, receipt: &VerificationReceipt) -> String {
     let json = canonical_json(&serde_json::to_value(receipt).unwrap_or(Value::Null));
-    let mac = keyring.sign(MAC_DOMAIN, json.as_bytes());
-    format!(
-        "{PREFIX}{}.{}",
-        URL_SAFE_NO_PAD.encode(json.as_bytes()),
-        hex::encode(mac)
-    )
+    keyring.seal(PREFIX, MAC_DOMAIN, &json)
 }
 
 /// Checks a receipt's signature and shape. Errors never contain the receipt.
@@ -55,14 +49,7 @@ pub fn decode(keyring: &Keyring, receipt: &str) -> Result<VerificationReceipt, R
     if receipt.len() > MAX_RECEIPT_BYTES {
         return Err(bad());
     }
-    let rest = receipt.strip_prefix(PREFIX).ok_or_else(bad)?;
-    let (body, mac) = rest.split_once('.').ok_or_else(bad)?;
-    let json = URL_SAFE_NO_PAD.decode(body).map_err(|_| bad())?;
-    let mut presented = [0u8; 32];
-    hex::decode_to_slice(mac, &mut presented).map_err(|_| bad())?;
-    if !keyring.verify(MAC_DOMAIN, &json, &presented) {
-        return Err(bad());
-    }
+    let json = keyring.open(PREFIX, MAC_DOMAIN, receipt).ok_or_else(bad)?;
     serde_json::from_slice(&json).map_err(|_| bad())
 }
 
@@ -82,6 +69,7 @@ pub fn recorded(receipt: &str, r: VerificationReceipt) -> Verification {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 
     fn receipt() -> VerificationReceipt {
         VerificationReceipt {

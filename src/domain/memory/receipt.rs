@@ -8,7 +8,6 @@
 //! ([`receipt_hash`]) is ever stored; receipt-shaped strings anywhere else in a stored
 //! payload are refused ([`find_receipt_shaped`]) and never echoed in an error.
 
-use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -51,12 +50,7 @@ const MAC_DOMAIN: &str = "recall-receipt/v1";
 /// Signs a receipt.
 pub fn encode(keyring: &Keyring, receipt: &RecallReceipt) -> String {
     let json = canonical_json(&serde_json::to_value(receipt).unwrap_or(Value::Null));
-    let mac = keyring.sign(MAC_DOMAIN, json.as_bytes());
-    format!(
-        "{PREFIX}{}.{}",
-        URL_SAFE_NO_PAD.encode(json.as_bytes()),
-        hex::encode(mac)
-    )
+    keyring.seal(PREFIX, MAC_DOMAIN, &json)
 }
 
 /// Checks a receipt's signature and shape. Errors never contain the receipt.
@@ -67,14 +61,7 @@ pub fn decode(keyring: &Keyring, receipt: &str) -> Result<RecallReceipt, Rejecti
             "the recall receipt is longer than {MAX_RECEIPT_BYTES} bytes"
         )));
     }
-    let rest = receipt.strip_prefix(PREFIX).ok_or_else(bad)?;
-    let (body, mac) = rest.split_once('.').ok_or_else(bad)?;
-    let json = URL_SAFE_NO_PAD.decode(body).map_err(|_| bad())?;
-    let mut presented = [0u8; 32];
-    hex::decode_to_slice(mac, &mut presented).map_err(|_| bad())?;
-    if !keyring.verify(MAC_DOMAIN, &json, &presented) {
-        return Err(bad());
-    }
+    let json = keyring.open(PREFIX, MAC_DOMAIN, receipt).ok_or_else(bad)?;
     serde_json::from_slice(&json).map_err(|_| bad())
 }
 

@@ -175,6 +175,29 @@ fn head(conn: &Connection, id: &str, epoch: i64) -> Result<LedgerState> {
     Ok(state)
 }
 
+/// Writes the head row with its folded state as a checkpoint at `seq`.
+fn write_head(
+    conn: &Connection,
+    id: &str,
+    epoch: i64,
+    seq: i64,
+    now: i64,
+    state: &LedgerState,
+) -> Result<()> {
+    let state_json = serde_json::to_string(state).map_err(|e| corrupt("ledger head", e))?;
+    conn.prepare_cached(
+        "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
+         VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (binding_id, epoch) DO UPDATE SET \
+         last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
+         state_json = excluded.state_json",
+    )
+    .ctx("preparing the ledger head write")?
+    .execute(params![id, epoch, seq, now, state_json])
+    .ctx("writing the ledger head")?;
+    Ok(())
+}
+
 fn event_of(json: &str) -> Result<LedgerEvent> {
     decode("ledger event", json).map_err(|e| corrupt("ledger event", e))
 }
@@ -247,18 +270,7 @@ pub(super) fn append(
                 .ctx("moving the ledger head")?
             };
             if moved == 0 {
-                let state_json =
-                    serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
-                conn.prepare_cached(
-                    "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
-                     VALUES (?1, ?2, ?3, ?4, ?5) \
-                     ON CONFLICT (binding_id, epoch) DO UPDATE SET \
-                     last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
-                     state_json = excluded.state_json",
-                )
-                .ctx("preparing the ledger head write")?
-                .execute(params![id, epoch, seq, now, state_json])
-                .ctx("writing the ledger head")?;
+                write_head(conn, id, epoch, seq, now, &state)?;
             }
             touch(conn, id, now)?;
             cache.put(id, epoch, seq, now, state);
@@ -363,17 +375,7 @@ pub(super) fn repair(
         return Ok(state);
     }
     let seq = sql_int("sequence", state.last_seq)?;
-    let state_json = serde_json::to_string(&state).map_err(|e| corrupt("ledger head", e))?;
-    conn.prepare_cached(
-        "INSERT INTO harness_ledger_heads (binding_id, epoch, last_seq, updated_at_ms, state_json) \
-         VALUES (?1, ?2, ?3, ?4, ?5) \
-         ON CONFLICT (binding_id, epoch) DO UPDATE SET \
-         last_seq = excluded.last_seq, updated_at_ms = excluded.updated_at_ms, \
-         state_json = excluded.state_json",
-    )
-    .ctx("preparing the ledger head repair")?
-    .execute(params![id, epoch, seq, now, state_json])
-    .ctx("writing the repaired ledger head")?;
+    write_head(conn, id, epoch, seq, now, &state)?;
     cache.put(id, epoch, seq, now, state.clone());
     Ok(state)
 }
