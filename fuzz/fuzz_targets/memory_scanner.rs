@@ -1,7 +1,7 @@
 //! The memory write pipeline's scanner and redactor on any text: never panics, and what
-//! redaction leaves is a fixed point: redacting it again changes nothing. Not yet true:
-//! `fuzz/crashes/memory_scanner/` holds an input whose second pass widens a
-//! `url_password` match over earlier markers (docs/reliability.md "Fuzzing").
+//! redaction leaves is a fixed point: redacting it again changes nothing (the corpus keeps
+//! `regression_redaction_fixed_point`, the input that once broke it: docs/reliability.md
+//! "Fuzzing").
 #![no_main]
 
 use harness_engine::domain::memory::{scan, secrets};

@@ -18,15 +18,43 @@ fn re(pattern: &str) -> Regex {
     Regex::new(pattern).unwrap_or_else(|e| unreachable!("built-in pattern {pattern:?}: {e}"))
 }
 
+/// Most redaction passes over one text. A pass only replaces text outside markers, so
+/// each pass that writes a marker shrinks what is left to scan and the passes end; in
+/// practice the second pass finds nothing. The bound keeps a hostile body's cost fixed.
+const MAX_REDACTION_PASSES: usize = 8;
+
 /// Redacts secrets: each match of the catalog ([`super::secrets::CATALOG`]) becomes
 /// `[REDACTED:<rule id>]`, and an embedded base64 or hex segment whose decoded text
-/// holds a secret becomes `[REDACTED:encoded_secret]`. Returns the text and how many
-/// markers were written.
+/// holds a secret becomes `[REDACTED:encoded_secret]`. Passes repeat until one finds
+/// nothing (a rule can match anew beside a marker the pass before wrote), so what it
+/// returns is a fixed point: redacting it again changes nothing. Returns the text and
+/// how many markers were written.
 pub fn redact(text: &str) -> (String, u32) {
+    let (mut out, mut count) = redact_pass(text);
+    if count == 0 {
+        return (out, 0);
+    }
+    for _ in 1..MAX_REDACTION_PASSES {
+        let (next, n) = redact_pass(&out);
+        if n == 0 {
+            break;
+        }
+        out = next;
+        count = count.saturating_add(n);
+    }
+    (out, count)
+}
+
+/// One redaction pass: the catalog, then the encoded segments of what it left.
+fn redact_pass(text: &str) -> (String, u32) {
     let (out, mut count, _) = secrets::redact_with_findings(text);
+    let markers = secrets::marker_spans(&out);
     let mut replaced: Vec<(usize, usize)> = Vec::new();
     for segment in encoded_segments(&out) {
-        if !secrets::find_secrets(&segment.decoded).is_empty() {
+        let in_marker = markers
+            .iter()
+            .any(|&(start, end)| segment.start < end && start < segment.end);
+        if !in_marker && !secrets::find_secrets(&segment.decoded).is_empty() {
             replaced.push((segment.start, segment.end));
         }
     }
@@ -959,5 +987,36 @@ mod tests {
         let body = run.repeat(600);
         assert_eq!(encoded_segments(&body).len(), MAX_DECODED_SEGMENTS);
         assert!(scan(&body).is_ok());
+    }
+
+    #[test]
+    fn redaction_is_a_fixed_point() {
+        // Found by the memory_scanner fuzz target: the first pass redacts the two
+        // `...-Credential=` assignments, and the markers it writes let `url_password`
+        // match anew from the first `https://` to the `@` near the end.
+        let found = "Thr yzAB!https://bucket.s\0\0\0\x000cccc:mz-Credential=AKIAAB!https://\
+                     bucket.s\0\0;\x000cccc:mz-Credentipreexp9\x04\0\0\0@\0\0\0\x1a\x01\x01fers \
+                     answers e user pre";
+        for text in [
+            found,
+            "https://user:[REDACTED:url_password]hunter2secret@db.internal/app",
+            "DB_PASSWORD=[REDACTED:env_assignment] and DB_PASSWORD=correct-horse-42",
+            "plain text with no secret at all",
+        ] {
+            let (once, _) = redact(text);
+            let (twice, n) = redact(&once);
+            assert_eq!((twice.as_str(), n), (once.as_str(), 0), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_marker_in_the_text_hides_nothing_beside_it() {
+        // A marker written by hand is opaque, but the secret next to it is still found.
+        let (out, n) = redact("https://user:[REDACTED:x]hunter2secret@db.internal/app");
+        assert_eq!(n, 1, "{out}");
+        assert!(!out.contains("hunter2secret"), "{out}");
+        assert!(out.contains("[REDACTED:x]"), "{out}");
+        let (out, _) = redact("token: [REDACTED:openai_project_key]");
+        assert_eq!(out, "token: [REDACTED:openai_project_key]");
     }
 }

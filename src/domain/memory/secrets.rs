@@ -342,9 +342,47 @@ impl Finding {
     }
 }
 
-/// Every match of every rule in `text`, in catalog order. Values already redacted
-/// (`[REDACTED:...]`) are not findings, so redaction is idempotent.
+static MARKER: LazyLock<Regex> = LazyLock::new(|| compile(r"\[REDACTED:[A-Za-z0-9_]+\]"));
+
+/// Byte spans of the redaction markers (`[REDACTED:<id>]`) in `text`, in order.
+pub fn marker_spans(text: &str) -> Vec<(usize, usize)> {
+    if !text.contains("[REDACTED:") {
+        return Vec::new();
+    }
+    MARKER
+        .find_iter(text)
+        .map(|m| (m.start(), m.end()))
+        .collect()
+}
+
+/// The parts of `start..end` outside every marker span (`markers` sorted, disjoint).
+fn outside_markers(start: usize, end: usize, markers: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    let mut pieces = Vec::new();
+    let mut at = start;
+    for &(m_start, m_end) in markers {
+        if m_end <= at {
+            continue;
+        }
+        if m_start >= end {
+            break;
+        }
+        if m_start > at {
+            pieces.push((at, m_start));
+        }
+        at = at.max(m_end);
+    }
+    if at < end {
+        pieces.push((at, end));
+    }
+    pieces
+}
+
+/// Every match of every rule in `text`, in catalog order. Markers already written
+/// (`[REDACTED:...]`) are opaque: a match that runs over a marker is a finding only for
+/// its parts outside markers, so a marker is never redacted again and never hides the
+/// text beside it.
 pub fn find_secrets(text: &str) -> Vec<Finding> {
+    let markers = marker_spans(text);
     let c = &*COMPILED;
     let mut candidates: Vec<usize> = c
         .prefilter
@@ -362,10 +400,10 @@ pub fn find_secrets(text: &str) -> Vec<Finding> {
         };
         let min_len = CATALOG.get(rule).map_or(1, |r| r.min_len.max(1));
         let mut push = |start: usize, end: usize| {
-            let redacted = text
-                .get(start..)
-                .is_some_and(|s| s.starts_with("[REDACTED"));
-            if end - start >= min_len && !redacted {
+            if end - start < min_len {
+                return;
+            }
+            for (start, end) in outside_markers(start, end, &markers) {
                 out.push(Finding { rule, start, end });
             }
         };
