@@ -22,6 +22,7 @@ test: lint e2e-build
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/schemathesis.sh
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/mcp-conformance.sh
 	HARNESS_ENGINE_BIN=$${CARGO_TARGET_DIR:-target}/debug/harness-engine scripts/python-tests.sh
+	FUZZ_SECONDS=60 FUZZ_JOBS=2 scripts/fuzz.sh
 	HARNESS_ENGINE_BIN=$$(realpath $${CARGO_TARGET_DIR:-target})/debug/harness-engine $(E2E)/real-node-tier.sh
 
 ## python-test: every Python suite (both SDK conformance suites, the Strands loop, the

@@ -208,6 +208,12 @@ fn decode(row: &Row<'_>) -> rusqlite::Result<(i64, Result<MemoryRecord>)> {
     Ok((rowid, build()))
 }
 
+/// Decodes a memory row as the store selects it (`COLUMNS`): any stored values, corrupt
+/// or not, give a record or an error. For the fuzz targets.
+pub fn decode_memory_row(row: &Row<'_>) -> Result<MemoryRecord> {
+    decode(row).map_err(|e| corrupt("memory row", e))?.1
+}
+
 fn current(conn: &Connection, namespace_key: &str, key: &str) -> Result<Option<Raw>> {
     let found = conn
         .prepare_cached(&format!(

@@ -46,6 +46,9 @@ use crate::{
     },
 };
 
+/// The decoders of stored rows, public for the fuzz targets (docs/reliability.md
+/// "Fuzzing"): corrupt values give an error, never a panic.
+pub use self::{memory::decode_memory_row, state::decode_head_row};
 use self::{readers::ReaderPool, writer::Writer};
 
 const BACKEND: &str = "sqlite";

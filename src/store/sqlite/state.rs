@@ -13,7 +13,8 @@ use crate::{
         ids::IdempotencyDigest,
         state::{
             CommitRequest, Durability, DurableStateHead, PendingInterrupt, PendingStateRef,
-            Rejection, ResumeOutcome, ResumeRequest, RunTerminal, UncertainRun, pending_state_id,
+            Rejection, ResumeOutcome, ResumeRequest, RunTerminal, StateScope, UncertainRun,
+            pending_state_id,
         },
     },
     store::{
@@ -176,26 +177,39 @@ struct HeadRow {
     interrupt_json: Option<String>,
 }
 
+/// The head columns in the order `read_head_row` selects them.
+fn head_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<HeadRow> {
+    Ok(HeadRow {
+        revision: get_u64(r, 0)?,
+        state_id: r.get(1)?,
+        codec: r.get(2)?,
+        digest: r.get(3)?,
+        size: get_opt_u64(r, 4)?,
+        run_id: r.get(5)?,
+        committed_at_ms: r.get(6)?,
+        lease_generation: get_opt_u64(r, 7)?,
+        terminal_json: r.get(8)?,
+        interrupt_json: r.get(9)?,
+    })
+}
+
+/// Decodes stored head columns (`durable_revision` through `interrupt_json`) for a scope
+/// of `scope`: any stored values give a head, no head, or an error. For the fuzz targets.
+pub fn decode_head_row(
+    row: &rusqlite::Row<'_>,
+    scope: &StateScope,
+) -> Result<Option<DurableStateHead>> {
+    let head = head_row(row).map_err(|e| corrupt("durable head", e))?;
+    head_from_row(&ScopeKey::of(scope), head, Vec::new())
+}
+
 fn read_head_row(conn: &Connection, id: &str) -> Result<HeadRow> {
     conn.prepare_cached(
         "SELECT durable_revision, head_state_id, head_codec, head_digest, head_size, head_run_id, committed_at_ms, \
          head_lease_generation, terminal_json, interrupt_json FROM harness_sessions WHERE id = ?1",
     )
     .ctx("preparing the head read")?
-    .query_row([id], |r| {
-        Ok(HeadRow {
-            revision: get_u64(r, 0)?,
-            state_id: r.get(1)?,
-            codec: r.get(2)?,
-            digest: r.get(3)?,
-            size: get_opt_u64(r, 4)?,
-            run_id: r.get(5)?,
-            committed_at_ms: r.get(6)?,
-            lease_generation: get_opt_u64(r, 7)?,
-            terminal_json: r.get(8)?,
-            interrupt_json: r.get(9)?,
-        })
-    })
+    .query_row([id], head_row)
     .optional()
     .ctx("reading the head")?
     .ok_or_else(|| not_found_binding(id))
