@@ -72,8 +72,11 @@ pub enum PutMode {
     /// returns the existing object; a different body is refused (`conflict`).
     Create,
     /// Replace the key only if its current version is `expected_version` (0: absent).
+    /// A retry of a replacement that happened (the object is at `expected_version + 1`
+    /// with this very body) returns the object; anything else is refused (`conflict`).
     Replace { expected_version: u64 },
-    /// Write unconditionally (creates or replaces).
+    /// Write unconditionally (creates or replaces). The body already stored is a retry:
+    /// nothing changes, not even the version.
     Upsert,
 }
 
@@ -228,7 +231,8 @@ pub trait ThreadStateStore: NativeStore + Send + Sync {
     /// lease generation in the same atomic step; records the run id, its terminal
     /// metadata and the pending interrupt in the same document. The store stamps the
     /// interrupt with the new revision and the commit time (a resume must present that
-    /// revision). The state must be a pending entry of the scope's epoch. A run marked
+    /// revision). The state must be a pending entry of the scope's epoch: a commit
+    /// consumes it, so a state becomes a head once (`not_found` after). A run marked
     /// uncertain cannot commit (`run_uncertain`). Retrying a commit that already
     /// succeeded (same state id and run id at `expected_revision + 1`) returns the head it
     /// produced instead of a conflict.

@@ -10,6 +10,10 @@
 pub mod crash;
 pub mod ledger;
 pub mod ledger_crash;
+pub mod model;
+
+#[allow(unused_imports)] // used by the conformance_tests! macro of the store suites
+pub use model::random_operation_sequences_match_the_model;
 
 use std::collections::HashSet;
 
@@ -1631,6 +1635,7 @@ pub const CASES: &[&str] = &[
     "ledger_concurrent_appends_have_no_gaps",
     "ledger_episode_work_tree_and_corrections",
     "ledger_signals_have_one_holder_and_rising_tokens",
+    "random_operation_sequences_match_the_model",
 ];
 
 /// Declares one `#[tokio::test]` per case for a backend. `$open` is an async expression
@@ -1663,7 +1668,8 @@ macro_rules! conformance_tests {
             retention_sweeps_delete_by_policy_and_audit,
             binding_identity_is_create_or_get,
             write_and_commit_is_a_turn_in_one_call,
-            activity_follows_writes
+            activity_follows_writes,
+            random_operation_sequences_match_the_model
         );
         $crate::conformance_tests!(@ledger $open, $close;
             ledger_envelope_and_sequence,
@@ -1680,7 +1686,7 @@ macro_rules! conformance_tests {
         );
         #[test]
         fn every_conformance_case_is_wired() {
-            assert_eq!(store_conformance::CASES.len(), 28, "add new cases to conformance_tests!");
+            assert_eq!(store_conformance::CASES.len(), 29, "add new cases to conformance_tests!");
         }
     };
     (@ledger $open:expr, $close:expr; $($case:ident),+) => {

@@ -100,6 +100,14 @@ pub(super) fn put_object(
         (PutMode::Replace { expected_version }, _) => {
             let actual = current.as_ref().map_or(0, |m| m.version);
             if actual != expected_version {
+                // A retry of the replacement that made this version (its reply was lost)
+                // returns it.
+                if let Some(existing) = &current
+                    && existing.content_digest == put.content_digest
+                    && Some(existing.version) == expected_version.checked_add(1)
+                {
+                    return Ok(existing.clone());
+                }
                 return Err(Rejection::Conflict {
                     what: format!(
                         "object {} is at version {actual}, not the expected {expected_version}",
@@ -108,6 +116,11 @@ pub(super) fn put_object(
                 }
                 .into());
             }
+        }
+        // An upsert of the body already stored is a retry: nothing changes, not even the
+        // version.
+        (PutMode::Upsert, Some(existing)) if existing.content_digest == put.content_digest => {
+            return Ok(existing.clone());
         }
         (PutMode::Create | PutMode::Upsert, _) => {}
     }

@@ -324,10 +324,10 @@ pub(super) fn commit_head(
     // Only state of this binding and epoch can become its head: state of a cleared
     // epoch never can (`spec/000_fa938a4e6ac75730.txt`: "old state cannot become the new
     // epoch's head").
-    let (codec, size, content_digest) = conn
-        .prepare_cached("SELECT codec, size, content_digest FROM harness_session_state WHERE binding_id = ?1 AND state_id = ?2 AND epoch = ?3")
+    let (codec, size, content_digest, committed) = conn
+        .prepare_cached("SELECT codec, size, content_digest, committed FROM harness_session_state WHERE binding_id = ?1 AND state_id = ?2 AND epoch = ?3")
         .ctx("preparing the state lookup")?
-        .query_row(params![id, request.state_id, epoch], |r| Ok((r.get::<_, String>(0)?, get_u64(r, 1)?, r.get::<_, String>(2)?)))
+        .query_row(params![id, request.state_id, epoch], |r| Ok((r.get::<_, String>(0)?, get_u64(r, 1)?, r.get::<_, String>(2)?, r.get::<_, bool>(3)?)))
         .optional()
         .ctx("looking up the state to commit")?
         .ok_or_else(|| Rejection::NotFound(format!("state {} in epoch {}", request.state_id, scope.epoch)))?;
@@ -350,6 +350,15 @@ pub(super) fn commit_head(
             let runs = uncertain_runs(conn, id, epoch)?;
             return head_from_row(scope, head, runs)?
                 .ok_or_else(|| corrupt("durable head", "revision above 0 without a head"));
+        }
+        // A state becomes a head once: the trait's contract (`commit_head`) is that it
+        // must still be pending, as on MongoDB, where a commit consumes the pending entry.
+        CommitPlan::Commit { .. } if committed => {
+            return Err(Rejection::NotFound(format!(
+                "pending state {} in epoch {}",
+                request.state_id, scope.epoch
+            ))
+            .into());
         }
         CommitPlan::Commit { next } => next,
     };
