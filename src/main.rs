@@ -290,7 +290,8 @@ struct OperatorArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "harness-engine-operator")]
     leader_election_id: String,
-    /// Leader lease duration in seconds (renewed every third of it).
+    /// Leader lease duration in seconds. The leader renews every fifth of it and stops
+    /// acting when it could not renew for two thirds of it (the renew deadline).
     #[arg(long, default_value_t = 15)]
     leader_lease_seconds: u64,
     /// Reconciles running at once per controller. A reconcile mostly waits on one API
@@ -888,6 +889,8 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
         };
 
         let lease_duration = Duration::from_secs(args.leader_lease_seconds.max(2));
+        let (renew_deadline, renew_every, retry_every, call_timeout) =
+            leader::LeaderConfig::timings(lease_duration);
         let config = OperatorConfig {
             namespace: args.namespace.clone(),
             leader: leader::LeaderConfig {
@@ -900,12 +903,15 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                 name: args.leader_election_id.clone(),
                 identity: identity.clone(),
                 lease_duration,
-                renew_every: lease_duration / 3,
-                retry_every: (lease_duration / 5).max(Duration::from_millis(500)),
+                renew_deadline,
+                renew_every,
+                retry_every,
+                call_timeout,
             },
             concurrency: args.concurrency.max(1),
             crd_wait: Duration::from_secs(args.crd_wait_seconds),
         };
+        let elector = leader::Elector::new(client.clone(), config.leader.clone());
         let ctx = Arc::new(
             OperatorContext::new(
                 client.clone(),
@@ -915,9 +921,9 @@ fn operator(args: OperatorArgs) -> anyhow::Result<()> {
                 &identity,
                 Duration::from_secs(args.state_projection_seconds.max(1)),
             )
-            .with_memory(memory.clone()),
+            .with_memory(memory.clone())
+            .with_leadership(elector.leadership()),
         );
-        let elector = leader::Elector::new(client.clone(), config.leader.clone());
         let lost = if config.leader.enabled {
             tokio::select! {
                 () = elector.acquire() => {}

@@ -497,6 +497,8 @@ pub struct Context {
     failures: failure::Failures,
     /// The deployment memory configuration the data plane uses (MemoryPolicy checks).
     pub memory: crate::domain::memory::policy::SharedMemoryPolicies,
+    /// Whether this replica may act now (leader election's renew deadline).
+    leadership: leader::Leadership,
 }
 
 impl Context {
@@ -535,7 +537,20 @@ impl Context {
             anchors: crate::telemetry::spans::ReconcileAnchors::new(4096, Duration::from_secs(600)),
             failures: failure::Failures::default(),
             memory: Default::default(),
+            leadership: leader::Leadership::unconditional(),
         }
+    }
+
+    /// Acts only while `leadership` holds (the elected replica's renew deadline).
+    pub fn with_leadership(mut self, leadership: leader::Leadership) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    /// False once this replica may no longer act as the leader: a reconcile then does
+    /// nothing (no API or store write) and the process is about to exit.
+    pub fn leading(&self) -> bool {
+        self.leadership.is_current()
     }
 
     /// Shares the data plane's memory configuration (reloads reach the controllers).

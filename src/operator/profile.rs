@@ -17,6 +17,9 @@ use crate::api::{
 
 /// Entry point from the controller runtime.
 pub async fn reconcile(profile: Arc<SandboxProfile>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leading() {
+        return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+    }
     let started = std::time::Instant::now();
     let result = apply(&profile, &ctx).await;
     ctx.metrics

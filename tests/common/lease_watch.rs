@@ -11,7 +11,10 @@ use harness_engine::{
     api::{HarnessBinding, sandbox::SandboxClaim},
     operator::binding::BINDING_UID_LABEL,
 };
-use kube::{Api, ResourceExt, runtime::watcher};
+use kube::{
+    Api, ResourceExt,
+    runtime::{WatchStreamExt, watcher},
+};
 
 pub struct LeaseWatch {
     max_live: Arc<Mutex<usize>>,
@@ -31,15 +34,20 @@ impl LeaseWatch {
         let generations: Arc<Mutex<Vec<i64>>> = Arc::default();
         let claim_watch = {
             let max_live = max_live.clone();
+            // Watches go on through API-server restarts (backoff, then a fresh list).
             let stream = watcher(
                 claims,
                 watcher::Config::default().labels(&format!("{BINDING_UID_LABEL}={uid}")),
-            );
+            )
+            .default_backoff();
             tokio::spawn(async move {
                 let mut live: HashMap<String, bool> = HashMap::new();
                 let mut stream = std::pin::pin!(stream);
-                while let Some(Ok(event)) = stream.next().await {
+                while let Some(event) = stream.next().await {
+                    let Ok(event) = event else { continue };
                     match event {
+                        // A fresh list after a broken watch: what it lists is all there is.
+                        watcher::Event::Init => live.clear(),
                         watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                             live.insert(c.name_any(), c.metadata.deletion_timestamp.is_none());
                         }
@@ -59,10 +67,12 @@ impl LeaseWatch {
             let stream = watcher(
                 bindings,
                 watcher::Config::default().fields(&format!("metadata.name={name}")),
-            );
+            )
+            .default_backoff();
             tokio::spawn(async move {
                 let mut stream = std::pin::pin!(stream);
-                while let Some(Ok(event)) = stream.next().await {
+                while let Some(event) = stream.next().await {
+                    let Ok(event) = event else { continue };
                     if let watcher::Event::Apply(b) | watcher::Event::InitApply(b) = event
                         && let Some(g) = b.status.and_then(|s| s.lease).map(|l| l.generation)
                     {

@@ -3,6 +3,7 @@
 //! throw-away namespace and deletes it when done, so tests can run twice and in parallel.
 #![allow(dead_code)]
 
+pub mod components;
 pub mod lease_watch;
 pub mod operator;
 pub mod restarts;

@@ -158,16 +158,16 @@ impl Operator {
     /// Waits up to `timeout` for the process to exit by itself; whether it did.
     pub fn exits_within(&mut self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < deadline {
-            match self.child.as_mut().map(Child::try_wait) {
-                None | Some(Ok(Some(_))) => {
-                    self.child = None;
-                    return true;
-                }
-                _ => std::thread::sleep(Duration::from_millis(50)),
+        loop {
+            if let None | Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return true;
             }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        false
     }
 
     /// SIGKILL: no cleanup, no lease release, as a crash would.

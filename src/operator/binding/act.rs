@@ -61,6 +61,11 @@ pub async fn execute(
     let mut events = plan.events;
     let mut remaining = 0;
     for effect in &plan.effects {
+        // Checked before every write: a leader paused mid-round acts no more once its
+        // renew deadline has passed.
+        if !ctx.leading() {
+            return Ok(Outcome::Done(Action::requeue(Duration::from_secs(1))));
+        }
         match apply(effect, binding, ctx, id, &mut events).await? {
             Report::Done => {}
             Report::Released(n) => {
@@ -86,6 +91,9 @@ pub async fn execute(
             }
             Tally::Bound => {}
         }
+    }
+    if plan.status.is_some() && !ctx.leading() {
+        return Ok(Outcome::Done(Action::requeue(Duration::from_secs(1))));
     }
     let written = match plan.status {
         Some(status) => match write_status(ctx, binding, status).await? {

@@ -95,6 +95,11 @@ pub const REPLACED: &str = "Replaced";
 
 /// Entry point from the controller runtime.
 pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // A replica past its renew deadline acts no more (docs/operator.md "Leader
+    // election"): no write, not even a condition; it is about to exit.
+    if !ctx.leading() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     // A binding without a lease starts only when a claiming permit is free; until then
     // it yields its slot (a short, spread requeue, no API call, no span) to bindings
     // further along.
