@@ -974,6 +974,45 @@ where
     ctx.set_caches(None);
 }
 
+/// Reconnect delays of the binding controller's watches: 250 ms doubling to 5 s with
+/// ±25 % jitter, from the start again after a minute without errors. The library's
+/// default grows to 30 s, which after an API-server restart left bindings waiting up to
+/// that long for their watches (docs/reliability.md, control-plane chaos); five
+/// watches retrying every 5 s are still gentle on a struggling API server.
+struct WatchBackoff {
+    attempt: u32,
+}
+
+impl WatchBackoff {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(5);
+
+    fn new() -> kube::runtime::utils::ResetTimerBackoff<WatchBackoff> {
+        kube::runtime::utils::ResetTimerBackoff::new(
+            WatchBackoff { attempt: 0 },
+            Duration::from_secs(60),
+        )
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let base = Self::FIRST
+            .saturating_mul(1u32 << self.attempt.min(10))
+            .min(Self::MAX);
+        self.attempt = self.attempt.saturating_add(1);
+        Some(base.mul_f64(rand::random_range(0.75..=1.25)))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
 /// A watch that fills a cache of `K` (managed fields stripped) and opens its part of
 /// `gate` on its first complete list; the stream yields every object it touched.
 fn cached_watch<K>(
@@ -997,7 +1036,7 @@ where
 {
     let (cache, writer) = reflector::store::<K>();
     let events = watcher(api::<K>(client, ns), config)
-        .default_backoff()
+        .backoff(WatchBackoff::new())
         .modify(strip_managed_fields)
         .reflect(writer)
         .inspect(gate.on_init_done(kind))
@@ -1030,7 +1069,7 @@ fn binding_controller(
         api::<HarnessBinding>(client, ns),
         watcher::Config::default(),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::new())
     .modify(strip_managed_fields)
     .reflect(writer)
     .inspect(gate.on_init_done("harnessbindings"))
@@ -1151,6 +1190,26 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watches_reconnect_within_five_seconds_and_start_over_after_reset() {
+        use kube::runtime::utils::Backoff;
+        let mut b = WatchBackoff { attempt: 0 };
+        let delays: Vec<Duration> = b.by_ref().take(12).collect();
+        let first = delays.first().copied().unwrap_or_default();
+        assert!(first >= Duration::from_millis(187) && first <= Duration::from_millis(313));
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_millis(6250)),
+            "{delays:?}"
+        );
+        assert!(
+            delays
+                .last()
+                .is_some_and(|d| *d >= Duration::from_millis(3750))
+        );
+        b.reset();
+        assert!(b.next().is_some_and(|d| d <= Duration::from_millis(313)));
+    }
 
     /// Every waiter is woken when the last watch lists, however many wait at once
     /// (the reflector's own readiness signal woke only the last one to poll it).
