@@ -110,7 +110,7 @@ impl Error {
                 409 => Category::Conflict,
                 _ => Category::KubernetesUnavailable,
             },
-            Error::Kube(_) => Category::KubernetesUnavailable,
+            Error::Kube(_) | Error::Timeout(_) => Category::KubernetesUnavailable,
         }
     }
 }

@@ -83,6 +83,9 @@ pub enum Error {
     Finalizer(String),
     #[error("internal: {0}")]
     Internal(String),
+    /// A reconcile ran past its deadline (an API request that never answered).
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -93,6 +93,9 @@ pub const HIBERNATED: &str = "Hibernated";
 /// True once the current lease replaced an earlier one; the reason says why.
 pub const REPLACED: &str = "Replaced";
 
+/// Longest a binding reconcile may take (it normally takes milliseconds: a few writes).
+pub const RECONCILE_DEADLINE: Duration = Duration::from_secs(30);
+
 /// Entry point from the controller runtime.
 pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
     // A replica past its renew deadline acts no more (docs/operator.md "Leader
@@ -142,7 +145,7 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
             u64::try_from(lease.generation).unwrap_or(0),
         );
     }
-    let result = async {
+    let work = async {
         if let Some(caches) = ctx.caches() {
             caches.ready().await?;
         }
@@ -166,8 +169,17 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
         }
         Ok(conflict_retry())
     }
-    .instrument(span.clone())
-    .await;
+    .instrument(span.clone());
+    // The Kubernetes client has no read timeout of its own: a request the API server
+    // accepted and never answered (seen while it restarts) would hold this binding's
+    // reconciles for minutes. Bounded, it fails and is retried with backoff.
+    let result = match tokio::time::timeout(RECONCILE_DEADLINE, work).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout(format!(
+            "no answer from the API server within {} s",
+            RECONCILE_DEADLINE.as_secs()
+        ))),
+    };
     match &result {
         Ok(_) => spans::record_ok(&span),
         Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
