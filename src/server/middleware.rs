@@ -21,6 +21,36 @@ use crate::telemetry::{propagation, spans};
 
 /// Cuts a request off at the configured deadline with `504 timeout`. The store call it
 /// interrupted may still complete: the caller retries with the same Idempotency-Key.
+/// Reserves the request's body in the server-wide body budget before the body is read,
+/// and holds it until the request is answered (`ServerConfig::body_budget_bytes`). A
+/// request without a body reserves nothing; one without a `Content-Length` reserves the
+/// body limit. Inside the deadline: a request that waits too long answers `504 timeout`.
+pub async fn body_budget(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(bytes) = body_reservation(&req, state.config().max_body_bytes) else {
+        return next.run(req).await;
+    };
+    let (budget, units) = state.body_budget();
+    let want = u32::try_from(bytes.div_ceil(super::BODY_BUDGET_UNIT))
+        .unwrap_or(u32::MAX)
+        .clamp(1, units);
+    // The semaphore is never closed, so acquiring fails only if it were.
+    let _held = budget.acquire_many(want).await.ok();
+    next.run(req).await
+}
+
+/// How many body bytes a request may bring: its `Content-Length` (bounded by the limit;
+/// a larger one is refused when read), the limit for a streamed body, `None` for none.
+fn body_reservation(req: &Request, limit: usize) -> Option<usize> {
+    let headers = req.headers();
+    if let Some(len) = headers.get(axum::http::header::CONTENT_LENGTH) {
+        let len: usize = len.to_str().ok()?.trim().parse().ok()?;
+        return (len > 0).then_some(len.min(limit));
+    }
+    headers
+        .contains_key(axum::http::header::TRANSFER_ENCODING)
+        .then_some(limit)
+}
+
 pub async fn deadline(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let limit = state.config().request_timeout;
     match tokio::time::timeout(limit, next.run(req)).await {
@@ -162,4 +192,38 @@ pub async fn no_route() -> Response {
         ApiError::new(ErrorCode::NotFound, "no such route; see /openapi.json").into_response();
     *response.status_mut() = StatusCode::NOT_FOUND;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(headers: &[(&str, &str)]) -> Request {
+        let mut b = axum::http::Request::builder().method("PUT").uri("/v1/x");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(axum::body::Body::empty()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_body_reserves_its_length_within_the_limit() {
+        let limit = 4 << 20;
+        assert_eq!(body_reservation(&request(&[]), limit), None, "no body");
+        assert_eq!(body_reservation(&request(&[("content-length", "0")]), limit), None);
+        assert_eq!(
+            body_reservation(&request(&[("content-length", "4096")]), limit),
+            Some(4096)
+        );
+        assert_eq!(
+            body_reservation(&request(&[("content-length", "999999999")]), limit),
+            Some(limit),
+            "a body over the limit is refused when read; it reserves no more than the limit"
+        );
+        assert_eq!(
+            body_reservation(&request(&[("transfer-encoding", "chunked")]), limit),
+            Some(limit),
+            "a streamed body may bring the whole limit"
+        );
+    }
 }

@@ -75,7 +75,17 @@ pub struct ServerConfig {
     pub trace_ingress: IngressPolicy,
     /// The run ledger's budgets for bindings without their own (docs/ledger.md).
     pub ledger_budgets: crate::domain::ledger::Budgets,
+    /// Request bodies held in memory at once, across all requests (at least one
+    /// largest body): a request reserves its `Content-Length` (the body limit when it has
+    /// none) before its body is read and keeps it until it is answered; the rest wait,
+    /// within their deadline. Bounds the server's memory under many large bodies.
+    pub body_budget_bytes: usize,
 }
+
+/// Default [`ServerConfig::body_budget_bytes`]: 32 MiB (eight 4 MiB writes at once).
+pub const BODY_BUDGET_BYTES: usize = 32 << 20;
+/// The unit bodies are reserved in.
+pub const BODY_BUDGET_UNIT: usize = 4 << 10;
 
 impl ServerConfig {
     pub fn new(limits: Limits) -> Self {
@@ -86,6 +96,7 @@ impl ServerConfig {
             max_body_bytes,
             trace_ingress: IngressPolicy::default(),
             ledger_budgets: ledger_routes::default_budgets(),
+            body_budget_bytes: BODY_BUDGET_BYTES,
         }
     }
 }
@@ -102,6 +113,9 @@ struct Inner {
     openapi_json: String,
     binding_objects: OnceLock<Arc<dyn binding_objects::BindingObjects>>,
     binding_scopes: OnceLock<BindingScopes>,
+    /// Units of [`BODY_BUDGET_UNIT`] of request body that may be in memory at once.
+    body_budget: tokio::sync::Semaphore,
+    body_budget_units: u32,
 }
 
 /// What every handler reads: the store, the keyring, the authenticator, the settings.
@@ -127,7 +141,16 @@ impl AppState {
     ) -> Self {
         let openapi_json = openapi::to_json(&openapi::document());
         let ledger_budgets = ledger_routes::LedgerBudgets::new(config.ledger_budgets);
+        let body_budget_units = u32::try_from(
+            config
+                .body_budget_bytes
+                .max(config.max_body_bytes)
+                .div_ceil(BODY_BUDGET_UNIT),
+        )
+        .unwrap_or(u32::MAX >> 4);
         AppState(Arc::new(Inner {
+            body_budget: tokio::sync::Semaphore::new(body_budget_units as usize),
+            body_budget_units,
             store,
             keyring,
             auth,
@@ -155,6 +178,10 @@ impl AppState {
     }
     pub fn metrics(&self) -> &admin::Metrics {
         &self.0.metrics
+    }
+    /// The request-body budget ([`ServerConfig::body_budget_bytes`]) and its size in units.
+    pub fn body_budget(&self) -> (&tokio::sync::Semaphore, u32) {
+        (&self.0.body_budget, self.0.body_budget_units)
     }
     pub fn bindings(&self) -> &authz::BindingCache {
         &self.0.bindings
@@ -202,6 +229,10 @@ pub fn app(state: AppState) -> Router {
     router
         .route("/openapi.json", get(serve_openapi))
         .fallback(middleware::no_route)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::body_budget,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::deadline,
