@@ -210,7 +210,10 @@ mod tests {
     fn a_body_reserves_its_length_within_the_limit() {
         let limit = 4 << 20;
         assert_eq!(body_reservation(&request(&[]), limit), None, "no body");
-        assert_eq!(body_reservation(&request(&[("content-length", "0")]), limit), None);
+        assert_eq!(
+            body_reservation(&request(&[("content-length", "0")]), limit),
+            None
+        );
         assert_eq!(
             body_reservation(&request(&[("content-length", "4096")]), limit),
             Some(4096)

@@ -82,8 +82,9 @@ pub struct ServerConfig {
     pub body_budget_bytes: usize,
 }
 
-/// Default [`ServerConfig::body_budget_bytes`]: 32 MiB (eight 4 MiB writes at once).
-pub const BODY_BUDGET_BYTES: usize = 32 << 20;
+/// Default [`ServerConfig::body_budget_bytes`]: 16 MiB (four 4 MiB writes at once; a
+/// body costs the server about four times its size while it is read and stored).
+pub const BODY_BUDGET_BYTES: usize = 16 << 20;
 /// The unit bodies are reserved in.
 pub const BODY_BUDGET_UNIT: usize = 4 << 10;
 
