@@ -16,8 +16,8 @@ use crate::api::{
 
 /// Entry point from the controller runtime.
 pub async fn reconcile(policy: Arc<MemoryPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.leading() {
-        return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+    if let Some(action) = ctx.not_leading() {
+        return Ok(action);
     }
     let started = std::time::Instant::now();
     let result = apply(&policy, &ctx).await;

@@ -556,6 +556,13 @@ impl Context {
         self.leadership.is_current()
     }
 
+    /// What a reconcile returns instead of acting once this replica is past its renew
+    /// deadline (docs/operator.md "Leader election"): a short requeue, no write, not even
+    /// a condition. `None` while leading.
+    pub fn not_leading(&self) -> Option<Action> {
+        (!self.leading()).then(|| Action::requeue(Duration::from_secs(1)))
+    }
+
     /// Shares the data plane's memory configuration (reloads reach the controllers).
     pub fn with_memory(
         mut self,

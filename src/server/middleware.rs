@@ -19,8 +19,6 @@ use super::{
 };
 use crate::telemetry::{propagation, spans};
 
-/// Cuts a request off at the configured deadline with `504 timeout`. The store call it
-/// interrupted may still complete: the caller retries with the same Idempotency-Key.
 /// Reserves the request's body in the server-wide body budget before the body is read,
 /// and holds it until the request is answered (`ServerConfig::body_budget_bytes`). A
 /// request without a body reserves nothing; one without a `Content-Length` reserves the
@@ -51,6 +49,8 @@ fn body_reservation(req: &Request, limit: usize) -> Option<usize> {
         .then_some(limit)
 }
 
+/// Cuts a request off at the configured deadline with `504 timeout`. The store call it
+/// interrupted may still complete: the caller retries with the same Idempotency-Key.
 pub async fn deadline(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let limit = state.config().request_timeout;
     match tokio::time::timeout(limit, next.run(req)).await {

@@ -63,8 +63,8 @@ pub async fn execute(
     for effect in &plan.effects {
         // Checked before every write: a leader paused mid-round acts no more once its
         // renew deadline has passed.
-        if !ctx.leading() {
-            return Ok(Outcome::Done(Action::requeue(Duration::from_secs(1))));
+        if let Some(action) = ctx.not_leading() {
+            return Ok(Outcome::Done(action));
         }
         match apply(effect, binding, ctx, id, &mut events).await? {
             Report::Done => {}
@@ -92,8 +92,10 @@ pub async fn execute(
             Tally::Bound => {}
         }
     }
-    if plan.status.is_some() && !ctx.leading() {
-        return Ok(Outcome::Done(Action::requeue(Duration::from_secs(1))));
+    if plan.status.is_some()
+        && let Some(action) = ctx.not_leading()
+    {
+        return Ok(Outcome::Done(action));
     }
     let written = match plan.status {
         Some(status) => match write_status(ctx, binding, status).await? {

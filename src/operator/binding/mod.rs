@@ -98,10 +98,8 @@ pub const RECONCILE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Entry point from the controller runtime.
 pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
-    // A replica past its renew deadline acts no more (docs/operator.md "Leader
-    // election"): no write, not even a condition; it is about to exit.
-    if !ctx.leading() {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+    if let Some(action) = ctx.not_leading() {
+        return Ok(action);
     }
     // A binding without a lease starts only when a claiming permit is free; until then
     // it yields its slot (a short, spread requeue, no API call, no span) to bindings
@@ -176,7 +174,7 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
     let result = match tokio::time::timeout(RECONCILE_DEADLINE, work).await {
         Ok(result) => result,
         Err(_) => Err(Error::Timeout(format!(
-            "no answer from the API server within {} s",
+            "the reconcile did not finish within {} s (a Kubernetes or store call never answered)",
             RECONCILE_DEADLINE.as_secs()
         ))),
     };
