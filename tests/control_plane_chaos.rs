@@ -25,14 +25,11 @@ use std::time::{Duration, Instant};
 use common::{
     components::Component,
     eventually,
-    operator::{Operator, OperatorOptions, apply_samples, drop_finalizers},
+    operator::{Operator, apply_samples, chaos_replica, drop_finalizers, live_claims},
 };
-use harness_engine::{
-    api::{
-        HarnessBinding, Lifecycle, conditions,
-        sandbox::{SandboxClaim, is_ready},
-    },
-    operator::binding::BINDING_UID_LABEL,
+use harness_engine::api::{
+    HarnessBinding, Lifecycle, conditions,
+    sandbox::{SandboxClaim, is_ready},
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -44,19 +41,7 @@ const BINDING: &str = "conversation-sample";
 const LEASE_SECONDS: u64 = 15;
 
 fn replica(ns: &str, data: &std::path::Path) -> Operator {
-    Operator::start(OperatorOptions {
-        namespace: ns,
-        data_dir: data,
-        leader_lease_seconds: Some(LEASE_SECONDS),
-        extra: vec![
-            "--state-projection-seconds".into(),
-            "1".into(),
-            "--mongodb-uri".into(),
-            common::control_plane().mongodb_uri.clone(),
-            "--mongodb-database".into(),
-            format!("chaos_{}", ns.replace('-', "_")),
-        ],
-    })
+    chaos_replica(ns, data, LEASE_SECONDS)
 }
 
 /// The API server answers again (a list through the test's client).
@@ -218,14 +203,7 @@ async fn control_plane_restarts_mid_replacement_keep_one_live_claim_and_rising_g
             .and_then(|s| s.lease)
             .map(|l| l.generation)
             .unwrap_or(0);
-        let live_now = claims
-            .list(&ListParams::default().labels(&format!("{BINDING_UID_LABEL}={uid}")))
-            .await
-            .expect("claims")
-            .items
-            .iter()
-            .filter(|c| c.metadata.deletion_timestamp.is_none())
-            .count();
+        let live_now = live_claims(&claims, &uid).await;
         assert!(
             live_now <= 1,
             "round {round} ({name}): {live_now} live claims"

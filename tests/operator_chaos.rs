@@ -17,38 +17,17 @@ use std::time::{Duration, Instant};
 
 use common::{
     eventually,
-    operator::{Operator, OperatorOptions, apply_samples, drop_finalizers},
+    operator::{Operator, apply_samples, chaos_replica, drop_finalizers, live_claims},
 };
-use harness_engine::{
-    api::{HarnessBinding, Lifecycle, conditions, sandbox::SandboxClaim},
-    operator::binding::BINDING_UID_LABEL,
-};
+use harness_engine::api::{HarnessBinding, Lifecycle, conditions, sandbox::SandboxClaim};
 use k8s_openapi::api::core::v1::Pod;
-use kube::{
-    Api, ResourceExt,
-    api::{DeleteParams, ListParams},
-};
+use kube::{Api, ResourceExt, api::DeleteParams};
 
 const BINDING: &str = "conversation-sample";
 const LEASE_SECONDS: u64 = 2;
 
-/// One replica. The replicas share a MongoDB store (the control plane's FerretDB, a
-/// database of this run's), as replicas must: the embedded SQLite store is for one
-/// replica, and a paused replica would hold its write lock.
 fn replica(ns: &str, data: &std::path::Path) -> Operator {
-    Operator::start(OperatorOptions {
-        namespace: ns,
-        data_dir: data,
-        leader_lease_seconds: Some(LEASE_SECONDS),
-        extra: vec![
-            "--state-projection-seconds".into(),
-            "1".into(),
-            "--mongodb-uri".into(),
-            common::control_plane().mongodb_uri.clone(),
-            "--mongodb-database".into(),
-            format!("chaos_{}", ns.replace('-', "_")),
-        ],
-    })
+    chaos_replica(ns, data, LEASE_SECONDS)
 }
 
 /// Whether `op` says it holds the leader lease (`harness_engine_operator_leader 1`).
@@ -198,14 +177,7 @@ async fn leader_kills_during_replacements_keep_one_live_claim_and_rising_generat
             .and_then(|s| s.lease)
             .map(|l| l.generation)
             .unwrap_or(0);
-        let live_now = claims
-            .list(&ListParams::default().labels(&format!("{BINDING_UID_LABEL}={uid}")))
-            .await
-            .expect("claims")
-            .items
-            .iter()
-            .filter(|c| c.metadata.deletion_timestamp.is_none())
-            .count();
+        let live_now = live_claims(&claims, &uid).await;
         assert!(live_now <= 1, "kill {kill}: {live_now} live claims");
     }
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -230,3 +230,43 @@ pub fn drop_finalizers(ns: &str) {
         ]);
     }
 }
+
+/// One of the replicas of the controller chaos tests (`tests/operator_chaos.rs`,
+/// `tests/control_plane_chaos.rs`): leader election with `lease_seconds`, the state
+/// projected every second, and a MongoDB store of this namespace on the control plane's
+/// FerretDB, as replicas must share (the embedded SQLite store is for one replica, and
+/// a paused replica would hold its write lock).
+pub fn chaos_replica(ns: &str, data: &Path, lease_seconds: u64) -> Operator {
+    Operator::start(OperatorOptions {
+        namespace: ns,
+        data_dir: data,
+        leader_lease_seconds: Some(lease_seconds),
+        extra: vec![
+            "--state-projection-seconds".into(),
+            "1".into(),
+            "--mongodb-uri".into(),
+            control_plane().mongodb_uri.clone(),
+            "--mongodb-database".into(),
+            format!("chaos_{}", ns.replace('-', "_")),
+        ],
+    })
+}
+
+/// How many claims of the binding with `uid` are live (not being deleted) right now.
+pub async fn live_claims(
+    claims: &kube::Api<harness_engine::api::sandbox::SandboxClaim>,
+    uid: &str,
+) -> usize {
+    let selector = format!(
+        "{}={uid}",
+        harness_engine::operator::binding::BINDING_UID_LABEL
+    );
+    claims
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .expect("claims")
+        .items
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .count()
+}
