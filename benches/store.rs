@@ -24,7 +24,12 @@ use harness_engine::{
         limits::Limits,
         state::{BindingRecord, CommitRequest, StateScope},
     },
-    store::{Store, mongo::MongoStore, now_ms, sqlite::SqliteStore},
+    store::{
+        Store,
+        mongo::MongoStore,
+        now_ms,
+        sqlite::{SqliteStore, baseline::Baseline},
+    },
 };
 
 struct Settings {
@@ -32,9 +37,34 @@ struct Settings {
     fsync_samples: usize,
 }
 
-#[derive(Default)]
+/// How a commit round reaches the store.
+#[derive(Clone, Copy, PartialEq)]
+enum Round {
+    /// `write_native_state`, then `commit_head`: two calls, two durable writes (the
+    /// SDK adapters' pending + commit).
+    TwoCalls,
+    /// `write_and_commit`: one call, one durable write (`state/commit-inline`).
+    OneCall,
+}
+
+impl Round {
+    fn label(self) -> &'static str {
+        match self {
+            Round::TwoCalls => "2 calls",
+            Round::OneCall => "1 call",
+        }
+    }
+    fn suffix(self) -> &'static str {
+        match self {
+            Round::TwoCalls => "",
+            Round::OneCall => "_inline",
+        }
+    }
+}
+
 struct Row {
     backend: &'static str,
+    round: Round,
     bindings: usize,
     rounds: u64,
     seconds: f64,
@@ -70,32 +100,34 @@ fn main() {
         ..Limits::default()
     };
 
+    let with_mongo = std::env::var("HARNESS_BENCH_STORE_MONGO").as_deref() != Ok("0");
     runtime.block_on(async {
         let sqlite = SqliteStore::open(&scratch.path().join("bench.db"), limits.clone())
             .await
             .unwrap_or_else(|e| fail(&format!("sqlite: {e}")));
         let sqlite = Arc::new(sqlite);
+        let baseline = Baseline::open(&scratch.path().join("baseline.db"))
+            .await
+            .unwrap_or_else(|e| fail(&format!("baseline: {e}")));
+        let baseline = Arc::new(baseline);
+        // Side by side: each store row right after the baseline row it is compared with.
         for bindings in [1, 64] {
-            rows.push(measure("sqlite", sqlite.clone(), bindings, settings.duration).await);
-        }
-    });
-
-    let ferret = FerretDb::start(scratch.path());
-    runtime.block_on(async {
-        let uri = ferret.uri();
-        let mongo = MongoStore::connect(
-            &uri,
-            &format!("bench_{}", std::process::id()),
-            limits.clone(),
-        )
-        .await
-        .unwrap_or_else(|e| fail(&format!("mongo: {e}")));
-        let mongo = Arc::new(mongo);
-        for bindings in [1, 64] {
+            rows.push(measure_baseline(baseline.clone(), bindings, settings.duration).await);
             rows.push(
                 measure(
-                    "mongo (FerretDB)",
-                    mongo.clone(),
+                    "sqlite",
+                    Round::TwoCalls,
+                    sqlite.clone(),
+                    bindings,
+                    settings.duration,
+                )
+                .await,
+            );
+            rows.push(
+                measure(
+                    "sqlite",
+                    Round::OneCall,
+                    sqlite.clone(),
                     bindings,
                     settings.duration,
                 )
@@ -103,6 +135,33 @@ fn main() {
             );
         }
     });
+
+    let ferret = with_mongo.then(|| FerretDb::start(scratch.path()));
+    if let Some(ferret) = &ferret {
+        runtime.block_on(async {
+            let uri = ferret.uri();
+            let mongo = MongoStore::connect(
+                &uri,
+                &format!("bench_{}", std::process::id()),
+                limits.clone(),
+            )
+            .await
+            .unwrap_or_else(|e| fail(&format!("mongo: {e}")));
+            let mongo = Arc::new(mongo);
+            for bindings in [1, 64] {
+                rows.push(
+                    measure(
+                        "mongo (FerretDB)",
+                        Round::TwoCalls,
+                        mongo.clone(),
+                        bindings,
+                        settings.duration,
+                    )
+                    .await,
+                );
+            }
+        });
+    }
     drop(ferret);
 
     println!();
@@ -112,18 +171,21 @@ fn main() {
     );
     println!("disk fsync (4 KiB write + fdatasync): p50 {fsync_p50:.2} ms, p99 {fsync_p99:.2} ms");
     println!(
-        "{:<18} {:>8} {:>10} {:>12} {:>9} {:>9}",
-        "backend", "bindings", "rounds", "rounds/s", "p50 ms", "p99 ms"
+        "{:<18} {:<9} {:>8} {:>10} {:>12} {:>9} {:>9} {:>11}",
+        "backend", "round", "bindings", "rounds", "rounds/s", "p50 ms", "p99 ms", "x baseline"
     );
     for r in &rows {
+        let ratio = baseline_ratio(&rows, r);
         println!(
-            "{:<18} {:>8} {:>10} {:>12.0} {:>9.2} {:>9.2}",
+            "{:<18} {:<9} {:>8} {:>10} {:>12.0} {:>9.2} {:>9.2} {:>11}",
             r.backend,
+            r.round.label(),
             r.bindings,
             r.rounds,
-            r.rounds as f64 / r.seconds,
+            r.rate(),
             r.p50_ms,
-            r.p99_ms
+            r.p99_ms,
+            ratio.map_or_else(String::new, |x| format!("{x:.2}"))
         );
     }
 
@@ -133,14 +195,15 @@ fn main() {
     json.insert("fsync_p99_ms".into(), fsync_p99.into());
     for r in &rows {
         let prefix = format!(
-            "{}_{}",
+            "{}{}_{}",
             r.backend.split_whitespace().next().unwrap_or(r.backend),
+            r.round.suffix(),
             r.bindings
         );
-        json.insert(
-            format!("{prefix}_rounds_per_s"),
-            (r.rounds as f64 / r.seconds).into(),
-        );
+        json.insert(format!("{prefix}_rounds_per_s"), r.rate().into());
+        if let Some(x) = baseline_ratio(&rows, r) {
+            json.insert(format!("{prefix}_of_baseline"), x.into());
+        }
         json.insert(format!("{prefix}_p50_ms"), r.p50_ms.into());
         json.insert(format!("{prefix}_p99_ms"), r.p99_ms.into());
     }
@@ -153,6 +216,83 @@ fn main() {
     ) {
         Ok(()) => println!("wrote {}", path.display()),
         Err(e) => fail(&format!("writing {}: {e}", path.display())),
+    }
+}
+
+impl Row {
+    fn rate(&self) -> f64 {
+        self.rounds as f64 / self.seconds
+    }
+}
+
+/// The store row's rate as a fraction of the baseline's at the same bindings (the
+/// baseline does two durable writes per round, as the two-call round does).
+fn baseline_ratio(rows: &[Row], r: &Row) -> Option<f64> {
+    if r.backend == BASELINE || !r.backend.starts_with("sqlite") {
+        return None;
+    }
+    rows.iter()
+        .find(|b| b.backend == BASELINE && b.bindings == r.bindings)
+        .map(|b| r.rate() / b.rate())
+}
+
+const BASELINE: &str = "baseline (SQLite)";
+
+/// The same two durable writes per round (a 4 KiB body row, a head row) through the
+/// same writer and group commit, without the protocol.
+async fn measure_baseline(baseline: Arc<Baseline>, bindings: usize, duration: Duration) -> Row {
+    let body = vec![0xabu8; 4096];
+    let started = Instant::now();
+    let deadline = started + duration;
+    let tasks: Vec<_> = (0..bindings)
+        .map(|i| {
+            let baseline = baseline.clone();
+            let body = body.clone();
+            tokio::spawn(async move {
+                let binding = format!("binding-{bindings}-{i}");
+                let mut lat = Vec::new();
+                let mut revision = 0u64;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let id = baseline
+                        .write(&binding, &body)
+                        .await
+                        .unwrap_or_else(|e| fail(&format!("baseline write: {e}")));
+                    revision += 1;
+                    baseline
+                        .commit(&binding, revision, id)
+                        .await
+                        .unwrap_or_else(|e| fail(&format!("baseline commit: {e}")));
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                lat
+            })
+        })
+        .collect();
+    finish(BASELINE, Round::TwoCalls, bindings, started, tasks).await
+}
+
+async fn finish(
+    backend: &'static str,
+    round: Round,
+    bindings: usize,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<Vec<f64>>>,
+) -> Row {
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap_or_default());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    all.sort_by(f64::total_cmp);
+    Row {
+        backend,
+        round,
+        bindings,
+        rounds: all.len() as u64,
+        seconds,
+        p50_ms: percentile(&all, 0.5),
+        p99_ms: percentile(&all, 0.99),
     }
 }
 
@@ -192,13 +332,14 @@ fn fsync_latency(dir: &Path, samples: usize) -> (f64, f64) {
 
 async fn measure<S: Store + 'static>(
     backend: &'static str,
+    round: Round,
     store: Arc<S>,
     bindings: usize,
     duration: Duration,
 ) -> Row {
     let keyring = Keyring::new(b"bench-key-0123456789abcdef0123456789".to_vec(), "bench")
         .unwrap_or_else(|e| fail(&e.to_string()));
-    let run_tag = format!("{backend}-{bindings}-{}", now_ms());
+    let run_tag = format!("{backend}-{}-{bindings}-{}", round.label(), now_ms());
     let mut scopes = Vec::new();
     for i in 0..bindings {
         let conversation = format!("{run_tag}-{i}");
@@ -242,20 +383,28 @@ async fn measure<S: Store + 'static>(
                     let t = Instant::now();
                     let run = format!("run-{}", revision + 1);
                     let digest = keyring.idempotency_digest(&scope.binding_id, "state.write", &run);
-                    let pending = store
-                        .write_native_state(&scope, &body, &digest)
-                        .await
-                        .unwrap_or_else(|e| fail(&format!("write: {e}")));
-                    let request = CommitRequest {
-                        state_id: pending.state_id,
+                    let mut request = CommitRequest {
+                        state_id: String::new(),
                         expected_revision: revision,
                         run_id: run,
                         terminal: None,
                         interrupt: None,
                     };
-                    revision = store
-                        .commit_head(&scope, &request)
-                        .await
+                    let head = match round {
+                        Round::TwoCalls => {
+                            let pending = store
+                                .write_native_state(&scope, &body, &digest)
+                                .await
+                                .unwrap_or_else(|e| fail(&format!("write: {e}")));
+                            request.state_id = pending.state_id;
+                            store.commit_head(&scope, &request).await
+                        }
+                        Round::OneCall => store
+                            .write_and_commit(&scope, &body, &digest, &request, None)
+                            .await
+                            .map(|(_, head)| head),
+                    };
+                    revision = head
                         .unwrap_or_else(|e| fail(&format!("commit: {e}")))
                         .revision;
                     lat.push(t.elapsed().as_secs_f64() * 1e3);
@@ -264,20 +413,7 @@ async fn measure<S: Store + 'static>(
             })
         })
         .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap_or_default());
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    all.sort_by(f64::total_cmp);
-    Row {
-        backend,
-        bindings,
-        rounds: all.len() as u64,
-        seconds,
-        p50_ms: percentile(&all, 0.5),
-        p99_ms: percentile(&all, 0.99),
-    }
+    finish(backend, round, bindings, started, tasks).await
 }
 
 /// A FerretDB of our own, on a free port and a scratch directory, stopped on drop.

@@ -10,6 +10,8 @@
 //! Rules and error codes come from [`crate::domain`]; this module only maps them onto
 //! tables (`spec/001_78d7ff78f70a2a2a.txt` §2, §4, §6, §7).
 
+#[doc(hidden)]
+pub mod baseline;
 mod bindings;
 mod ledger;
 mod memory;
