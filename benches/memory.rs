@@ -222,7 +222,7 @@ fn main() {
         for i in 0..s.searches {
             let n = 2 + (qrng.next() % 2) as usize;
             let q: Vec<&str> = (0..n).map(|_| words[50 + (qrng.next() as usize) % (VOCABULARY - 50)].as_str()).collect();
-            let query = CandidateQuery { terms: rank::query_terms(&q.join(" ")), kinds: vec![], lexical_limit: 64, recent: 0, now_ms: now_ms() };
+            let query = CandidateQuery { terms: rank::query_terms(&q.join(" ")), kinds: vec![], lexical_limit: 64, embedding: None, vector_limit: 0, now_ms: now_ms() };
             let t = Instant::now();
             let candidates = store.memory_candidates(&target, &query).await.unwrap_or_else(|e| fail(&format!("search: {e}")));
             let ranked = rank::rank(candidates, None, query.now_ms, Weights::default());

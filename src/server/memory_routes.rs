@@ -55,8 +55,6 @@ pub const BINDING: &str = "harness-binding";
 
 /// Most candidates one scope contributes to ranking.
 const MAX_CANDIDATES: usize = 400;
-/// Recent records added as candidates when the query carries an embedding.
-const RECENT_FOR_VECTORS: usize = 256;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -1104,14 +1102,11 @@ async fn search_memory(
         terms: rank::query_terms(&req.query),
         kinds: req.kinds.iter().flatten().map(|k| (*k).into()).collect(),
         lexical_limit: (limit * 4).clamp(64, MAX_CANDIDATES),
-        recent: if req.embedding.is_some() {
-            RECENT_FOR_VECTORS
-        } else {
-            0
-        },
+        embedding: req.embedding.clone(),
+        vector_limit: (limit * 4).clamp(64, MAX_CANDIDATES),
         now_ms: now_ms(),
     };
-    if query.terms.is_empty() && query.recent == 0 {
+    if query.terms.is_empty() && query.embedding.is_none() {
         return Err(ApiError::invalid(
             "a search needs query words or an embedding",
         ));

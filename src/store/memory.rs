@@ -53,9 +53,11 @@ pub struct CandidateQuery {
     pub kinds: Vec<MemoryKind>,
     /// Most lexical candidates returned (best BM25 first).
     pub lexical_limit: usize,
-    /// Also return this many most recently updated records (for embedding ranking when
-    /// lexical matching finds little); 0: none.
-    pub recent: usize,
+    /// The query's embedding: the namespace's records nearest to it in direction are
+    /// candidates too (from every record of the namespace, [`crate::store::vectors`]).
+    pub embedding: Option<Vec<f32>>,
+    /// Most nearest-by-vector candidates returned (0: none).
+    pub vector_limit: usize,
     pub now_ms: i64,
 }
 

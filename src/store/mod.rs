@@ -25,6 +25,7 @@ pub mod ledger;
 pub mod memory;
 pub mod mongo;
 pub mod sqlite;
+pub mod vectors;
 
 pub use ledger::LedgerStore;
 pub use memory::MemoryStore;

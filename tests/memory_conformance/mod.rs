@@ -140,7 +140,8 @@ pub async fn search<S: Store + ?Sized>(
                 terms: rank::query_terms(text),
                 kinds: vec![],
                 lexical_limit: 50,
-                recent: 0,
+                embedding: None,
+                vector_limit: 0,
                 now_ms: now_ms(),
             },
         )
@@ -1050,7 +1051,7 @@ pub async fn provenance_round_trips_and_ranking_uses_it<S: Store + ?Sized>(store
     let found = search(store, &n, "coffee black").await;
     let keys: Vec<&str> = found.iter().map(|r| r.memory_key.as_str()).collect();
     assert_eq!(keys, ["coffee", "tea"], "lexical matches only, best first");
-    // Embedding candidates: recent records come in for vector ranking.
+    // Embedding candidates: the records nearest to the query's embedding.
     let candidates = store
         .memory_candidates(
             &n,
@@ -1058,13 +1059,17 @@ pub async fn provenance_round_trips_and_ranking_uses_it<S: Store + ?Sized>(store
                 terms: vec![],
                 kinds: vec![],
                 lexical_limit: 10,
-                recent: 10,
+                embedding: Some(vec![1.0, 0.0, 0.4]),
+                vector_limit: 10,
                 now_ms: now_ms(),
             },
         )
         .await
-        .expect("recent");
-    assert_eq!(candidates.len(), 3);
+        .expect("nearest");
+    assert!(
+        candidates.iter().any(|c| c.record.memory_key == "coffee"),
+        "the one record with an embedding is a candidate"
+    );
     let ranked = rank::rank(
         candidates,
         Some(&[1.0, 0.0, 0.4]),
@@ -1161,6 +1166,154 @@ pub async fn worker_writes_are_fenced<S: Store + ?Sized>(store: &S) {
     );
 }
 
+/// Search with an embedding considers every record of the namespace, not only recent
+/// ones or ones sharing a word: among 1,200 records with embeddings, the oldest one,
+/// sharing no word with the query, is found by direction; a record of another namespace
+/// with the very query vector never is. Writes after the index is built reach it at
+/// once (a new record is found, a deleted one is gone), and a record awaiting approval
+/// is not a candidate.
+pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) {
+    let mine = ns("vera", "agent-1", MemoryScope::User);
+    let theirs = ns("walt", "agent-1", MemoryScope::User);
+    let now = now_ms();
+    let dims = 16;
+    // Deterministic directions spread over the sphere, none close to the probes.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let probe = |axis: usize| -> Vec<f32> {
+        (0..dims)
+            .map(|i| if i == axis { 1.0 } else { 0.0 })
+            .collect()
+    };
+    let mut records = Vec::new();
+    for i in 0..1_200 {
+        let mut r = record(
+            &mine,
+            &format!("n/{i:04}"),
+            &format!("note number {i}"),
+            now - 1_000 + i,
+        );
+        // Mostly along the last axes, away from the probes on axes 0 and 1.
+        let mut v: Vec<f32> = (0..dims).map(|_| noise()).collect();
+        v[0] = v[0].abs() * 0.2;
+        v[1] = v[1].abs() * 0.2;
+        r.embedding = Some(v);
+        records.push(r);
+    }
+    // The oldest record: its own direction, and no word in common with any query.
+    let mut old = record(
+        &mine,
+        "n/oldest",
+        "zebra crossing at dawn",
+        now - 86_400_000,
+    );
+    old.embedding = Some(probe(0));
+    let mut elsewhere = record(&theirs, "n/oldest", "zebra crossing at dawn", now);
+    elsewhere.embedding = Some(probe(0));
+    let mut pending = record(&mine, "n/pending", "awaiting an approver", now);
+    pending.approval_status = ApprovalStatus::Pending;
+    pending.embedding = Some(probe(1));
+    records.extend([old, elsewhere, pending]);
+    store.load_memories(records).await.expect("load");
+
+    let nearest = |embedding: Vec<f32>| CandidateQuery {
+        terms: vec![],
+        kinds: vec![],
+        lexical_limit: 10,
+        embedding: Some(embedding),
+        vector_limit: 10,
+        now_ms: now_ms(),
+    };
+    let best = |candidates: Vec<rank::Candidate>, q: &[f32]| {
+        rank::rank(candidates, Some(q), now_ms(), Weights::default())
+            .into_iter()
+            .map(|s| (s.record.namespace.key.clone(), s.record.memory_key.clone()))
+            .collect::<Vec<_>>()
+    };
+    let q0 = {
+        let mut q = probe(0);
+        q[2] = 0.05;
+        q
+    };
+    let found = best(
+        store
+            .memory_candidates(&mine, &nearest(q0.clone()))
+            .await
+            .expect("search"),
+        &q0,
+    );
+    assert_eq!(
+        found.first(),
+        Some(&(mine.key.clone(), "n/oldest".to_owned())),
+        "the oldest record, nearest by direction, comes first: {found:?}"
+    );
+    assert!(
+        found.iter().all(|(n, _)| *n == mine.key),
+        "never a record of another namespace"
+    );
+    let q1 = probe(1);
+    let found = best(
+        store
+            .memory_candidates(&mine, &nearest(q1.clone()))
+            .await
+            .expect("search"),
+        &q1,
+    );
+    assert!(
+        !found.iter().any(|(_, k)| k == "n/pending"),
+        "a record awaiting approval is not a candidate"
+    );
+
+    // After the index is built: a new record is found at once, a deleted one is gone.
+    let set = policies(deployment());
+    let w = worker();
+    let put = write(
+        store,
+        &set,
+        &w,
+        &mine,
+        Proposal {
+            embedding: Some(probe(1)),
+            ..proposal("n/new", "quartz lamp")
+        },
+        None,
+    )
+    .await
+    .expect("write");
+    let found = best(
+        store
+            .memory_candidates(&mine, &nearest(q1.clone()))
+            .await
+            .expect("search"),
+        &q1,
+    );
+    assert_eq!(
+        found.first().map(|(_, k)| k.as_str()),
+        Some("n/new"),
+        "{found:?}"
+    );
+    store
+        .delete_memory(&mine, "n/new", put.record.revision, "test")
+        .await
+        .expect("delete");
+    let found = best(
+        store
+            .memory_candidates(&mine, &nearest(q1.clone()))
+            .await
+            .expect("search"),
+        &q1,
+    );
+    assert!(
+        !found.iter().any(|(_, k)| k == "n/new"),
+        "deleted: {found:?}"
+    );
+}
+
 /// Every case, for a wiring check in each backend's file.
 pub const CASES: &[&str] = &[
     "isolation_across_subjects_and_scopes",
@@ -1175,6 +1328,7 @@ pub const CASES: &[&str] = &[
     "worker_writes_are_fenced",
     "listing_and_counts_stay_in_the_namespace",
     "keyed_writes_replay_and_refuse_reuse",
+    "vector_search_considers_every_record",
 ];
 
 #[macro_export]
@@ -1197,11 +1351,12 @@ macro_rules! memory_conformance_tests {
             provenance_round_trips_and_ranking_uses_it,
             worker_writes_are_fenced,
             listing_and_counts_stay_in_the_namespace,
-            keyed_writes_replay_and_refuse_reuse
+            keyed_writes_replay_and_refuse_reuse,
+            vector_search_considers_every_record
         );
         #[test]
         fn every_memory_case_is_wired() {
-            assert_eq!(memory_conformance::CASES.len(), 12, "add new cases to memory_conformance_tests!");
+            assert_eq!(memory_conformance::CASES.len(), 13, "add new cases to memory_conformance_tests!");
         }
     };
     (@cases $open:expr, $close:expr; $($case:ident),+) => {

@@ -41,6 +41,7 @@ use crate::{
             CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, PutPlan, audit_action,
             audit_detail, plan_decision, plan_delete, plan_put, plan_revocation, source_binding,
         },
+        vectors::{Change, Space},
     },
 };
 
@@ -56,6 +57,32 @@ const IDX_BY_KEY: &str = "namespace_key";
 const MAX_LEXICAL_SCAN: i64 = 10_000;
 /// Expired documents examined per sweep round trip.
 const SWEEP_BATCH: i64 = 500;
+/// A namespace's vector index is rebuilt from the collection when it is this old, so
+/// writes of other processes reach it (this process's own writes reach it at once).
+const VECTORS_REBUILD_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+/// Most recently updated records added to vector candidates: what other processes wrote
+/// since the index was built.
+const RECENT_FOR_VECTORS: i64 = 256;
+
+/// The index change a durable write of `r` makes (admitted records only are searched).
+fn vector_change(r: &MemoryRecord) -> Change<String> {
+    Change {
+        namespace: Some(r.namespace.key.clone()),
+        key: r.id.clone(),
+        vector: r
+            .embedding
+            .clone()
+            .filter(|_| r.approval_status.searchable()),
+    }
+}
+
+fn vector_removal(id: &str) -> Change<String> {
+    Change {
+        namespace: None,
+        key: id.to_owned(),
+        vector: None,
+    }
+}
 /// Documents per `insertMany` of a bulk load.
 const LOAD_BATCH: usize = 1_000;
 const SCHEMA_VERSION: i32 = 1;
@@ -296,6 +323,14 @@ impl MongoStore {
     /// Writes `next` over `current` (by revision) or inserts it; `false`: someone else
     /// moved first (retry from a fresh read).
     async fn swap(&self, current: Option<&MemoryRecord>, next: &MemoryRecord) -> Result<bool> {
+        let swapped = self.swap_doc(current, next).await?;
+        if swapped {
+            self.vectors.apply([vector_change(next)]);
+        }
+        Ok(swapped)
+    }
+
+    async fn swap_doc(&self, current: Option<&MemoryRecord>, next: &MemoryRecord) -> Result<bool> {
         let replacement = to_doc(next)?;
         match current {
             Some(cur) => {
@@ -386,6 +421,9 @@ impl MongoStore {
                 "deleting a memory",
             )
             .await?;
+        if gone {
+            self.vectors.apply([vector_removal(&id)]);
+        }
         if !gone {
             let actual = self.read_memory(&id).await?.map_or(0, |r| r.revision);
             return Err(Rejection::RevisionConflict {
@@ -563,12 +601,48 @@ impl MongoStore {
                 out.push(Candidate { record, lexical });
             }
         }
-        if q.recent > 0 {
+        if let Some(query) = q.embedding.as_deref()
+            && q.vector_limit > 0
+        {
+            let space = self.vectors.space(&ns.key);
+            let stale = space
+                .built()
+                .is_none_or(|at| at.elapsed() >= VECTORS_REBUILD_AFTER);
+            if stale {
+                self.build_vectors(ns, &space).await?;
+            }
+            let ids: Vec<String> = space
+                .nearest(query, q.vector_limit)
+                .into_iter()
+                .filter(|id| !seen.contains(id))
+                .collect();
+            if !ids.is_empty() {
+                let limit = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+                let mut nearest = self
+                    .find_memories(doc! { "_id": { "$in": &ids } }, None, limit)
+                    .await?;
+                // In the index's order, for the same candidates whatever order the
+                // server returns them in.
+                let order: std::collections::HashMap<&str, usize> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| (id.as_str(), i))
+                    .collect();
+                nearest.sort_by_key(|r| order.get(r.id.as_str()).copied());
+                for record in nearest {
+                    if keep(&record) && seen.insert(record.id.clone()) {
+                        out.push(Candidate {
+                            record,
+                            lexical: 0.0,
+                        });
+                    }
+                }
+            }
             let recent = self
                 .find_memories(
                     doc! { "namespace_key": &ns.key, "approval_status": admitted() },
                     Some(doc! { "updated_at": -1 }),
-                    i64::try_from(q.recent).unwrap_or(i64::MAX),
+                    RECENT_FOR_VECTORS,
                 )
                 .await?;
             for record in recent {
@@ -581,6 +655,41 @@ impl MongoStore {
             }
         }
         Ok(out)
+    }
+
+    /// (Re)builds the namespace's vector index from the collection: its admitted records
+    /// with an embedding. `space` is registered before the read, so writes of this
+    /// process meanwhile are replayed onto it.
+    async fn build_vectors(&self, ns: &Namespace, space: &Space<String>) -> Result<()> {
+        let began = space.begin_build();
+        let docs: Vec<Document> = self
+            .memories
+            .find(doc! {
+                "namespace_key": &ns.key,
+                "approval_status": admitted(),
+                "embedding": { "$type": "array" },
+            })
+            .projection(doc! { "_id": 1, "embedding": 1 })
+            .await
+            .ctx("reading a namespace's embeddings")?
+            .try_collect()
+            .await
+            .ctx("reading a namespace's embeddings")?;
+        let loaded = docs
+            .into_iter()
+            .filter_map(|d| {
+                let id = d.get_str("_id").ok()?.to_owned();
+                let vector = d
+                    .get_array("embedding")
+                    .ok()?
+                    .iter()
+                    .map(|x| x.as_f64().map(|f| f as f32))
+                    .collect::<Option<Vec<f32>>>()?;
+                Some((id, vector))
+            })
+            .collect();
+        space.install(loaded, Some(began));
+        Ok(())
     }
 
     pub(super) async fn sweep_memory_impl(&self, now_ms: i64) -> Result<MemorySweepReport> {
@@ -610,6 +719,7 @@ impl MongoStore {
                     )
                     .await?
                 {
+                    self.vectors.apply([vector_removal(&r.id)]);
                     removed += 1;
                     report.expired += 1;
                     *report
@@ -672,6 +782,7 @@ impl MongoStore {
                 .insert_many(docs)
                 .await
                 .ctx("loading memories")?;
+            self.vectors.apply(chunk.iter().map(vector_change));
             n += chunk.len() as u64;
         }
         Ok(n)

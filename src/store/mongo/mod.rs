@@ -127,6 +127,8 @@ pub struct MongoStore {
     ferretdb: bool,
     /// Per-binding lock stripes, in FerretDB compatibility mode.
     serial: Option<Vec<futures::lock::Mutex<()>>>,
+    /// Memory search's vector index, by record id (`memory.rs`).
+    vectors: std::sync::Arc<crate::store::vectors::VectorIndex<String>>,
 }
 
 impl std::fmt::Debug for MongoStore {
@@ -200,6 +202,7 @@ impl MongoStore {
                     .map(|_| futures::lock::Mutex::new(()))
                     .collect()
             }),
+            vectors: std::sync::Arc::default(),
         };
         store.create_indexes().await?;
         Ok(store)

@@ -32,7 +32,7 @@ impl Baseline {
         .await
         .map_err(|e| SqliteError::Task(format!("opening the baseline: {e}")))??;
         Ok(Baseline {
-            writer: Writer::start(conn)?,
+            writer: Writer::start(conn, None)?,
         })
     }
 

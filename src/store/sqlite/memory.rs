@@ -13,13 +13,18 @@
 //!
 //! Writes run on the store's single writer, so a compare-and-set is the read and the
 //! write inside one transaction, with its audit record in the same transaction.
+//!
+//! Search with an embedding also takes the nearest records of the namespace from its
+//! vector index ([`crate::store::vectors`]): every row write stages the row's vector
+//! change on the writer thread, and [`VectorHook`] hands the staged changes to the index
+//! once their group is durable (a command rolled back to its savepoint drops its own).
 
-use std::collections::BTreeMap;
+use std::{cell::RefCell, collections::BTreeMap, sync::Arc};
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 
-use super::{SqlContext, corrupt, retention::audit, sql_int};
+use super::{SqlContext, corrupt, retention::audit, sql_int, writer::GroupHook};
 use crate::{
     domain::{
         memory::{
@@ -37,6 +42,7 @@ use crate::{
             CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, PutPlan, audit_action,
             audit_detail, plan_decision, plan_delete, plan_put, plan_revocation,
         },
+        vectors::{Change, Space, VectorIndex},
     },
 };
 
@@ -236,6 +242,36 @@ fn expired(record: &MemoryRecord, now_ms: i64) -> bool {
     record.expires_at_ms.is_some_and(|at| at <= now_ms)
 }
 
+thread_local! {
+    /// Vector changes of the writer's current group, in order (writer thread only).
+    static STAGED: RefCell<Vec<Change<i64>>> = const { RefCell::new(Vec::new()) };
+}
+
+fn stage(change: Change<i64>) {
+    STAGED.with(|s| s.borrow_mut().push(change));
+}
+
+/// Passes the vector changes of each durable group to the index.
+pub(super) struct VectorHook(pub Arc<VectorIndex<i64>>);
+
+impl GroupHook for VectorHook {
+    fn mark(&self) -> usize {
+        STAGED.with(|s| s.borrow().len())
+    }
+    fn rollback_to(&self, mark: usize) {
+        STAGED.with(|s| s.borrow_mut().truncate(mark));
+    }
+    fn committed(&self) {
+        let changes = STAGED.with(|s| std::mem::take(&mut *s.borrow_mut()));
+        if !changes.is_empty() {
+            self.0.apply(changes);
+        }
+    }
+    fn lost(&self) {
+        STAGED.with(|s| s.borrow_mut().clear());
+    }
+}
+
 /// Inserts or replaces (by rowid) a record and keeps the FTS row in step.
 fn write_row(conn: &Connection, rowid: Option<i64>, r: &MemoryRecord) -> Result<i64> {
     let meta = serde_json::to_string(&Meta {
@@ -285,6 +321,15 @@ fn write_row(conn: &Connection, rowid: Option<i64>, r: &MemoryRecord) -> Result<
         )
         .ctx("writing a memory")?;
     index(conn, rowid, r)?;
+    // Only admitted records are searched, so only they take a place in the index.
+    stage(Change {
+        namespace: Some(r.namespace.key.clone()),
+        key: rowid,
+        vector: r
+            .embedding
+            .clone()
+            .filter(|_| r.approval_status.searchable()),
+    });
     Ok(rowid)
 }
 
@@ -317,6 +362,11 @@ fn delete_row(conn: &Connection, rowid: i64) -> Result<()> {
         .ctx("preparing the memory delete")?
         .execute([rowid])
         .ctx("deleting a memory")?;
+    stage(Change {
+        namespace: None,
+        key: rowid,
+        vector: None,
+    });
     Ok(())
 }
 
@@ -501,10 +551,38 @@ fn match_expression(namespace_key: &str, terms: &[String]) -> Option<String> {
     Some(quoted.join(" OR "))
 }
 
+/// Builds the namespace's vector index from the rows, if it is not built yet. `space`
+/// must have been registered before this read's transaction began.
+fn build_vectors(conn: &Connection, ns: &Namespace, space: &Space<i64>) -> Result<()> {
+    if space.built().is_some() {
+        return Ok(());
+    }
+    let loaded = conn
+        .prepare_cached(
+            "SELECT rowid, embedding FROM harness_memories INDEXED BY harness_memories_listing
+             WHERE namespace_key = ?1 AND approval_status IN ('approved', 'not_required')
+             AND embedding IS NOT NULL",
+        )
+        .ctx("preparing the vector index read")?
+        .query_map([&ns.key], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
+        })
+        .ctx("reading a namespace's embeddings")?
+        .filter_map(|row| match row {
+            Ok((rowid, blob)) => embedding_of(blob).map(|v| Ok((rowid, v))),
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .ctx("reading a namespace's embeddings")?;
+    space.install(loaded, None);
+    Ok(())
+}
+
 pub(super) fn candidates(
     conn: &Connection,
     ns: &Namespace,
     q: &CandidateQuery,
+    space: Option<&Space<i64>>,
 ) -> Result<Vec<Candidate>> {
     let mut out: Vec<Candidate> = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -547,22 +625,27 @@ pub(super) fn candidates(
             }
         }
     }
-    if q.recent > 0 {
+    if let (Some(space), Some(query)) = (space, q.embedding.as_deref())
+        && q.vector_limit > 0
+    {
+        build_vectors(conn, ns, space)?;
         let mut stmt = conn
             .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM harness_memories INDEXED BY harness_memories_listing
-                 WHERE namespace_key = ?1 AND approval_status IN ('approved', 'not_required')
-                 ORDER BY updated_at_ms DESC LIMIT ?2"
+                "SELECT {COLUMNS} FROM harness_memories WHERE rowid = ?1"
             ))
-            .ctx("preparing the recent-memory read")?;
-        let rows = stmt
-            .query_map(
-                params![ns.key, i64::try_from(q.recent).unwrap_or(i64::MAX)],
-                decode,
-            )
-            .ctx("reading recent memories")?;
-        for row in rows {
-            let (rowid, record) = row.ctx("reading a recent memory")?;
+            .ctx("preparing the nearest-memory read")?;
+        for rowid in space.nearest(query, q.vector_limit) {
+            if seen.contains(&rowid) {
+                continue;
+            }
+            // A row deleted since the index saw it is simply gone.
+            let Some((rowid, record)) = stmt
+                .query_row([rowid], decode)
+                .optional()
+                .ctx("reading a nearest memory")?
+            else {
+                continue;
+            };
             let record = record?;
             if keep(&record) && seen.insert(rowid) {
                 out.push(Candidate {

@@ -236,6 +236,8 @@ pub struct SqliteStore {
     readers: Arc<ReaderPool>,
     writer: Writer,
     ledger_heads: Arc<ledger::HeadCache>,
+    /// Memory search's vector index, by rowid (`memory.rs`).
+    vectors: Arc<crate::store::vectors::VectorIndex<i64>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -254,8 +256,13 @@ impl SqliteStore {
         let (write_conn, read_conns) = tokio::task::spawn_blocking(move || open_files(&path))
             .await
             .map_err(|e| SqliteError::Task(format!("opening the database: {e}")))??;
-        let writer = Writer::start(write_conn)?;
+        let vectors = Arc::new(crate::store::vectors::VectorIndex::default());
+        let writer = Writer::start(
+            write_conn,
+            Some(Arc::new(memory::VectorHook(vectors.clone()))),
+        )?;
         Ok(SqliteStore {
+            vectors,
             rate: WriteRateLimiter::new(&limits),
             limits,
             readers: ReaderPool::new(read_conns),
@@ -846,8 +853,11 @@ impl crate::store::MemoryStore for SqliteStore {
         query: &crate::store::memory::CandidateQuery,
     ) -> Result<Vec<crate::domain::memory::rank::Candidate>> {
         let (ns, q) = (namespace.clone(), query.clone());
+        // Registered before the read's transaction begins (`store::vectors`).
+        let space =
+            (q.embedding.is_some() && q.vector_limit > 0).then(|| self.vectors.space(&ns.key));
         self.readers
-            .read(move |tx| memory::candidates(tx, &ns, &q))
+            .read(move |tx| memory::candidates(tx, &ns, &q, space.as_deref()))
             .await
     }
 

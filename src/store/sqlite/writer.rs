@@ -17,7 +17,10 @@
 use std::{
     collections::VecDeque,
     panic::{AssertUnwindSafe, catch_unwind},
-    sync::mpsc::{self, Receiver, SyncSender, TrySendError},
+    sync::{
+        Arc,
+        mpsc::{self, Receiver, SyncSender, TrySendError},
+    },
     thread::JoinHandle,
 };
 
@@ -34,6 +37,20 @@ pub(super) const MAX_GROUP: usize = 256;
 /// Commands that may wait for the writer. A full queue makes callers wait (off the async
 /// runtime) instead of growing memory without bound.
 const QUEUE_CAPACITY: usize = 1024;
+
+/// State kept beside the database that must follow its transactions: told where each
+/// command starts, which commands were rolled back, and whether the group committed. All
+/// calls come from the writer thread.
+pub(super) trait GroupHook: Send + Sync {
+    /// Before a command runs: a mark to roll back to.
+    fn mark(&self) -> usize;
+    /// The command since `mark` was rolled back to its savepoint.
+    fn rollback_to(&self, mark: usize);
+    /// The group is durable (called before any caller hears its result).
+    fn committed(&self);
+    /// The group's transaction was lost or rolled back.
+    fn lost(&self);
+}
 
 /// A type-erased write command: runs inside its savepoint, then learns whether its group
 /// committed.
@@ -93,11 +110,11 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn start(conn: Connection) -> Result<Self> {
+    pub(super) fn start(conn: Connection, hook: Option<Arc<dyn GroupHook>>) -> Result<Self> {
         let (sender, receiver) = mpsc::sync_channel::<Box<dyn Job>>(QUEUE_CAPACITY);
         let thread = std::thread::Builder::new()
             .name("harness-sqlite-writer".into())
-            .spawn(move || writer_loop(&conn, &receiver))
+            .spawn(move || writer_loop(&conn, &receiver, hook.as_deref()))
             .map_err(SqliteError::Thread)?;
         Ok(Writer {
             sender: Some(sender),
@@ -149,7 +166,7 @@ impl Drop for Writer {
     }
 }
 
-fn writer_loop(conn: &Connection, receiver: &Receiver<Box<dyn Job>>) {
+fn writer_loop(conn: &Connection, receiver: &Receiver<Box<dyn Job>>, hook: Option<&dyn GroupHook>) {
     let mut queue: VecDeque<Box<dyn Job>> = VecDeque::with_capacity(MAX_GROUP);
     let mut ran: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_GROUP);
     loop {
@@ -165,14 +182,19 @@ fn writer_loop(conn: &Connection, receiver: &Receiver<Box<dyn Job>>) {
                 Err(_) => break,
             }
         }
-        run_group(conn, &mut queue, &mut ran);
+        run_group(conn, &mut queue, &mut ran, hook);
     }
 }
 
 /// Runs the queued commands in one transaction. Every call completes at least one
 /// command, so a persistently failing database cannot spin the loop; commands not reached
 /// because the transaction was lost stay queued for the next group.
-fn run_group(conn: &Connection, queue: &mut VecDeque<Box<dyn Job>>, ran: &mut Vec<Box<dyn Job>>) {
+fn run_group(
+    conn: &Connection,
+    queue: &mut VecDeque<Box<dyn Job>>,
+    ran: &mut Vec<Box<dyn Job>>,
+    hook: Option<&dyn GroupHook>,
+) {
     ran.clear();
     if let Err(e) = begin(conn) {
         let failure = format!("not applied: BEGIN failed: {e}");
@@ -188,8 +210,12 @@ fn run_group(conn: &Connection, queue: &mut VecDeque<Box<dyn Job>>, ran: &mut Ve
             ran.push(job);
             break;
         }
+        let mark = hook.map(GroupHook::mark);
         let ok = job.run(conn);
         ran.push(job);
+        if !ok && let (Some(hook), Some(mark)) = (hook, mark) {
+            hook.rollback_to(mark);
+        }
         let closed = if ok {
             exec(conn, "RELEASE harness_cmd")
         } else if conn.is_autocommit() {
@@ -212,6 +238,13 @@ fn run_group(conn: &Connection, queue: &mut VecDeque<Box<dyn Job>>, ran: &mut Ve
     }
     if failure.is_some() {
         rollback_if_open(conn);
+    }
+    if let Some(hook) = hook {
+        if failure.is_none() {
+            hook.committed();
+        } else {
+            hook.lost();
+        }
     }
     for job in ran.drain(..) {
         job.complete(failure.as_deref());
@@ -237,7 +270,7 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Barrier};
+    use std::sync::Barrier;
 
     use super::*;
     use crate::domain::state::Rejection;
@@ -246,7 +279,7 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap_or_else(|e| panic!("{e}"));
         conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
             .unwrap_or_else(|e| panic!("{e}"));
-        Writer::start(conn).unwrap_or_else(|e| panic!("{e}"))
+        Writer::start(conn, None).unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn insert(k: &'static str, v: i64) -> impl FnOnce(&Connection) -> Result<()> + Send + 'static {
