@@ -56,12 +56,14 @@ mcp-tools:
 unit:
 	$(CARGO) test --locked --lib
 
-## bench-store: commit rounds per second and latency for both store backends
-## (prints a table, writes target/bench/store.json).
+## bench-store: commit rounds per second and latency for both store backends, next to a
+## same-run SQLite baseline (the same durable writes through the same group commit, no
+## protocol) (prints a table, writes target/bench/store.json).
 bench-store: e2e-build
 	$(CARGO) bench --locked --bench store
 
-## bench-memory: memory search p50/p99 (100,000 in the namespace, 1,000,000 in total)
+## bench-memory: memory search p50/p99 by words and by embedding (100,000 in the
+## namespace, 1,000,000 in total), recall@10 of embedding search against exact cosine,
 ## and put throughput on the embedded store (prints a table, writes target/bench/memory.json).
 bench-memory:
 	$(CARGO) bench --locked --bench memory
@@ -86,8 +88,8 @@ bench-ledger:
 bench-mcp:
 	$(CARGO) bench --locked --bench mcp
 
-## bench-api: turns per second over HTTP and idle RSS of `serve`
-## (prints a table, writes target/bench/api.json).
+## bench-api: turns per second over HTTP (state/commit-inline, and pending + commit) and
+## idle RSS of `serve` (prints a table, writes target/bench/api.json).
 bench-api:
 	$(CARGO) bench --locked --bench api
 
@@ -105,8 +107,9 @@ else
 	$(if $(BINDINGS),HARNESS_BENCH_BINDINGS=$(BINDINGS)) $(E2E)/with-control-plane.sh $(CARGO) bench --locked --bench operator
 endif
 
-## bench-python: LangGraph checkpointers side by side (ours, SQLite, PostgreSQL):
-## checkpoints/s and put p99 (prints a table, writes target/bench/python.json).
+## bench-python: LangGraph checkpointers side by side (ours, SQLite, PostgreSQL), eight
+## rounds alternating the three: checkpoints/s and put p99, medians and ratios (prints a
+## table, writes target/bench/python.json).
 bench-python:
 	scripts/bench-python.sh
 
