@@ -95,7 +95,11 @@ struct Topics(Arc<Vec<Vec<f32>>>);
 
 impl Topics {
     fn new(rng: &mut Rng) -> Self {
-        Topics(Arc::new((0..TOPICS).map(|_| (0..DIMS).map(|_| rng.normal()).collect()).collect()))
+        Topics(Arc::new(
+            (0..TOPICS)
+                .map(|_| (0..DIMS).map(|_| rng.normal()).collect())
+                .collect(),
+        ))
     }
     fn embedding(&self, rng: &mut Rng) -> Vec<f32> {
         let topic = &self.0[(rng.next() % TOPICS as u64) as usize];
@@ -115,7 +119,11 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 /// Indices of the `n` rows of `corpus` closest to `q` by exact cosine, best first.
 fn exact_top(corpus: &[Vec<f32>], q: &[f32], n: usize) -> Vec<usize> {
-    let mut scored: Vec<(f32, usize)> = corpus.iter().enumerate().map(|(i, v)| (cosine(q, v), i)).collect();
+    let mut scored: Vec<(f32, usize)> = corpus
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (cosine(q, v), i))
+        .collect();
     let n = n.min(scored.len());
     scored.select_nth_unstable_by(n.saturating_sub(1), |a, b| b.0.total_cmp(&a.0));
     scored.truncate(n);

@@ -144,6 +144,62 @@ async fn a_newer_schema_is_refused() {
     }
 }
 
+/// A version 3 database (as the previous release left it, with a pending entry) opens
+/// at version 4: the all-rows state index is gone, the pending-only one is there, and
+/// the pending entry still counts against the bound and commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_database_migrates_to_4() {
+    let dir = TempDir::new("v3");
+    let pending = {
+        let store = store(&dir).await;
+        let scope = binding(&store, "v3").await;
+        let digest = keyring().idempotency_digest(&scope.binding_id, "state.write", "k1");
+        let pending = ok(store.write_native_state(&scope, b"body", &digest).await);
+        (scope, pending)
+    };
+    let sql = |conn: &Connection, q: &str| -> i64 {
+        conn.query_row(q, [], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{q}: {e}"))
+    };
+    let index = "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ";
+    {
+        let conn = Connection::open(dir.db()).unwrap_or_else(|e| panic!("{e}"));
+        conn.execute_batch(
+            "DROP INDEX harness_session_state_pending;
+             CREATE INDEX harness_session_state_epoch ON harness_session_state (binding_id, epoch, committed);
+             PRAGMA user_version = 3;",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let store = store(&dir).await;
+    {
+        let conn = Connection::open(dir.db()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sql(&conn, "PRAGMA user_version"), 4);
+        assert_eq!(
+            sql(&conn, &format!("{index}'harness_session_state_epoch'")),
+            0
+        );
+        assert_eq!(
+            sql(&conn, &format!("{index}'harness_session_state_pending'")),
+            1
+        );
+    }
+    let (scope, pending) = pending;
+    let head = ok(store
+        .commit_head(
+            &scope,
+            &CommitRequest {
+                state_id: pending.state_id,
+                expected_revision: 0,
+                run_id: "run-1".into(),
+                terminal: None,
+                interrupt: None,
+            },
+        )
+        .await);
+    assert_eq!(head.revision, 1);
+}
+
 #[test]
 fn the_writer_connection_is_durable() {
     let dir = TempDir::new("pragmas");
@@ -521,7 +577,7 @@ async fn hot_statements_use_indexes() {
         ),
         (
             "SELECT count(*) FROM harness_session_state WHERE binding_id = ?1 AND epoch = ?2 AND committed = 0",
-            "committed=?",
+            "harness_session_state_pending (binding_id=? AND epoch=?)",
         ),
         (
             "SELECT s.rowid FROM harness_session_state AS s WHERE s.committed = 0 AND s.created_at_ms < ?1 \
