@@ -17,7 +17,8 @@
 //! `cargo bench --bench operator` creates 500 bindings; without `--bench` (as
 //! `cargo test --all-targets` runs it) it creates 5. `HARNESS_BENCH_BINDINGS` sets another
 //! count and `HARNESS_BENCH_CONCURRENCY` the operator's `--concurrency`. Targets: overhead p50 <= 50 ms,
-//! p99 <= 250 ms; RSS <= 100 MiB at 500 bindings.
+//! p99 <= 250 ms; RSS <= 100 MiB at 500 bindings. A count past the three kwok nodes'
+//! 750 pods adds fake nodes of the same shape for the run and removes them after.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -35,6 +36,7 @@ use harness_engine::{
     api::{HarnessBinding, conditions, sandbox::SandboxClaim},
     operator::binding::BINDING_UID_LABEL,
 };
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{ListParams, PostParams},
@@ -62,6 +64,11 @@ fn main() {
             out.insert("node".into(), "real".into());
             out.insert("worker_image".into(), image.clone().into());
         }
+        let extra_nodes = if real.is_none() && !only_restarts {
+            kwok_capacity(n).await
+        } else {
+            Vec::new()
+        };
         if !only_restarts {
             // Phases alternate (bare claims, bindings, bare claims, ...) so both see the
             // same machine; the ratio reported is the median of the rounds.
@@ -86,6 +93,7 @@ fn main() {
             out.insert("ready_ratios".into(), ratios.clone().into());
             out.insert("ready_ratio_median".into(), median.into());
         }
+        remove_nodes(&extra_nodes).await;
         if real.is_none() {
             restarts(full, &mut out).await;
         } else {
@@ -101,6 +109,93 @@ fn main() {
         .expect("write json");
         println!("wrote {}", path.display());
     });
+}
+
+/// Pods one fake node takes (its /24 pod range holds 254).
+const PODS_PER_NODE: usize = 250;
+
+/// The control plane's three kwok nodes hold 750 pods; a larger run adds fake nodes of
+/// the same shape until `n` workers, the warm pools and some margin fit, and returns
+/// their names (removed after the run). Without this, claims past the capacity stay
+/// unscheduled and the run measures the scheduler's refusal.
+async fn kwok_capacity(n: usize) -> Vec<String> {
+    let client = common::client().await;
+    let nodes: Api<Node> = Api::all(client);
+    let existing = nodes
+        .list(&ListParams::default().labels("type=kwok"))
+        .await
+        .expect("list kwok nodes")
+        .items;
+    let have: usize = existing
+        .iter()
+        .filter_map(|node| node.status.as_ref()?.capacity.as_ref()?.get("pods"))
+        .filter_map(|q| q.0.parse::<usize>().ok())
+        .sum();
+    let need = n + 128;
+    let mut added = Vec::new();
+    let mut i = 0usize;
+    while have + added.len() * PODS_PER_NODE < need {
+        let name = format!("kwok-bench-node-{i}");
+        let cidr = format!("10.245.{i}.0/24");
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+            },
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]},
+            "status": {
+                "addresses": [{"type": "Hostname", "address": name}],
+                "allocatable": {"cpu": "32", "memory": "256Gi", "pods": PODS_PER_NODE.to_string(), "ephemeral-storage": "1Ti"},
+                "capacity": {"cpu": "32", "memory": "256Gi", "pods": PODS_PER_NODE.to_string(), "ephemeral-storage": "1Ti"}
+            }
+        }))
+        .expect("node");
+        match nodes.create(&PostParams::default(), &node).await {
+            Ok(_) => added.push(name),
+            Err(kube::Error::Api(e)) if e.code == 409 => added.push(name),
+            Err(e) => panic!("creating {name}: {e}"),
+        }
+        i += 1;
+    }
+    if !added.is_empty() {
+        println!(
+            "added {} fake nodes ({} pods) to the {} of the control plane ({have} pods)",
+            added.len(),
+            added.len() * PODS_PER_NODE,
+            existing.len()
+        );
+        common::eventually(Duration::from_secs(120), "added nodes Ready", || {
+            let nodes = nodes.clone();
+            let added = added.clone();
+            async move {
+                let mut ready = 0;
+                for name in &added {
+                    let Ok(node) = nodes.get(name).await else {
+                        return None;
+                    };
+                    ready += usize::from(node.status.and_then(|s| s.conditions).is_some_and(|c| {
+                        c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                    }));
+                }
+                (ready == added.len()).then_some(())
+            }
+        })
+        .await;
+    }
+    added
+}
+
+async fn remove_nodes(names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    let nodes: Api<Node> = Api::all(common::client().await);
+    for name in names {
+        let _ = nodes.delete(name, &Default::default()).await;
+    }
 }
 
 /// Issue 19: recovery after a restart. Six bindings in their own namespace; the

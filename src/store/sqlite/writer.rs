@@ -391,6 +391,104 @@ mod tests {
         assert_eq!(rows, 1, "only b");
     }
 
+    /// Records what the writer tells its hook: a command's own staged items, dropped
+    /// when it is rolled back alone, the group's, dropped when the group is lost.
+    #[derive(Default)]
+    struct Recorder {
+        staged: std::sync::Mutex<Vec<&'static str>>,
+        published: std::sync::Mutex<Vec<&'static str>>,
+    }
+
+    impl GroupHook for Recorder {
+        fn mark(&self) -> usize {
+            self.staged.lock().map_or(0, |s| s.len())
+        }
+        fn rollback_to(&self, mark: usize) {
+            if let Ok(mut s) = self.staged.lock() {
+                s.truncate(mark);
+            }
+        }
+        fn committed(&self) {
+            let staged = self.staged.lock().map(|mut s| std::mem::take(&mut *s));
+            if let (Ok(staged), Ok(mut published)) = (staged, self.published.lock()) {
+                published.extend(staged);
+            }
+        }
+        fn lost(&self) {
+            if let Ok(mut s) = self.staged.lock() {
+                s.clear();
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_hook_publishes_only_what_committed() {
+        let conn = Connection::open_in_memory().unwrap_or_else(|e| panic!("{e}"));
+        conn.execute_batch("CREATE TABLE t (k TEXT PRIMARY KEY, v INTEGER NOT NULL)")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let recorder = Arc::new(Recorder::default());
+        let writer =
+            Arc::new(Writer::start(conn, Some(recorder.clone())).unwrap_or_else(|e| panic!("{e}")));
+        let stage = |item: &'static str, recorder: &Arc<Recorder>| {
+            if let Ok(mut s) = recorder.staged.lock() {
+                s.push(item);
+            }
+        };
+        // One group: a command that commits, one rolled back alone, one that commits.
+        let held = park(&writer).await;
+        let (r1, r2, r3) = (recorder.clone(), recorder.clone(), recorder.clone());
+        let a = writer.run(move |conn: &Connection| {
+            stage("a", &r1);
+            insert("a", 1)(conn)
+        });
+        let bad = writer.run(move |_: &Connection| -> Result<()> {
+            stage("bad", &r2);
+            Err(Rejection::Conflict {
+                what: "refused".into(),
+            }
+            .into())
+        });
+        let b = writer.run(move |conn: &Connection| {
+            stage("b", &r3);
+            insert("b", 2)(conn)
+        });
+        let (a, bad, b) = futures::join!(a, bad, b);
+        assert!(held.await.is_ok_and(|r| r.is_ok()));
+        assert!(a.is_ok() && bad.is_err() && b.is_ok());
+        assert_eq!(
+            recorder
+                .published
+                .lock()
+                .map(|p| p.clone())
+                .unwrap_or_default(),
+            ["a", "b"]
+        );
+        // A lost group publishes nothing of its own.
+        let held = park(&writer).await;
+        let r4 = recorder.clone();
+        let c = writer.run(move |conn: &Connection| {
+            stage("c", &r4);
+            insert("c", 3)(conn)
+        });
+        let abort = writer.run(|conn: &Connection| -> Result<()> {
+            conn.execute_batch("ROLLBACK")
+                .map_err(|e| StoreError::backend("sqlite", e))?;
+            Err(StoreError::backend("sqlite", "simulated abort"))
+        });
+        let (c, abort) = futures::join!(c, abort);
+        assert!(held.await.is_ok_and(|r| r.is_ok()));
+        assert!(c.is_err() && abort.is_err());
+        assert_eq!(
+            recorder
+                .published
+                .lock()
+                .map(|p| p.clone())
+                .unwrap_or_default(),
+            ["a", "b"],
+            "c's group was lost"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn dropping_the_writer_ends_its_thread() {
         let writer = memory_writer();
