@@ -38,6 +38,30 @@ pub struct Change<K> {
     pub vector: Option<Vec<f32>>,
 }
 
+impl<K> Change<K> {
+    /// What a durable write of `record` under `key` does to the index: only admitted
+    /// records are searched, so only they hold a place in it.
+    pub fn of_write(key: K, record: &crate::domain::memory::MemoryRecord) -> Self {
+        Change {
+            namespace: Some(record.namespace.key.clone()),
+            key,
+            vector: record
+                .embedding
+                .clone()
+                .filter(|_| record.approval_status.searchable()),
+        }
+    }
+
+    /// A record deleted under `key` (from whichever namespace holds it).
+    pub fn removal(key: K) -> Self {
+        Change {
+            namespace: None,
+            key,
+            vector: None,
+        }
+    }
+}
+
 /// Every namespace's index (those searched since the process started).
 pub struct VectorIndex<K> {
     spaces: Mutex<HashMap<String, Arc<Space<K>>>>,

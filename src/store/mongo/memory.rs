@@ -64,25 +64,6 @@ const VECTORS_REBUILD_AFTER: std::time::Duration = std::time::Duration::from_sec
 /// since the index was built.
 const RECENT_FOR_VECTORS: i64 = 256;
 
-/// The index change a durable write of `r` makes (admitted records only are searched).
-fn vector_change(r: &MemoryRecord) -> Change<String> {
-    Change {
-        namespace: Some(r.namespace.key.clone()),
-        key: r.id.clone(),
-        vector: r
-            .embedding
-            .clone()
-            .filter(|_| r.approval_status.searchable()),
-    }
-}
-
-fn vector_removal(id: &str) -> Change<String> {
-    Change {
-        namespace: None,
-        key: id.to_owned(),
-        vector: None,
-    }
-}
 /// Documents per `insertMany` of a bulk load.
 const LOAD_BATCH: usize = 1_000;
 const SCHEMA_VERSION: i32 = 1;
@@ -325,7 +306,8 @@ impl MongoStore {
     async fn swap(&self, current: Option<&MemoryRecord>, next: &MemoryRecord) -> Result<bool> {
         let swapped = self.swap_doc(current, next).await?;
         if swapped {
-            self.vectors.apply([vector_change(next)]);
+            self.vectors
+                .apply([Change::of_write(next.id.clone(), next)]);
         }
         Ok(swapped)
     }
@@ -422,9 +404,8 @@ impl MongoStore {
             )
             .await?;
         if gone {
-            self.vectors.apply([vector_removal(&id)]);
-        }
-        if !gone {
+            self.vectors.apply([Change::removal(id.clone())]);
+        } else {
             let actual = self.read_memory(&id).await?.map_or(0, |r| r.revision);
             return Err(Rejection::RevisionConflict {
                 expected: expected_revision,
@@ -719,7 +700,7 @@ impl MongoStore {
                     )
                     .await?
                 {
-                    self.vectors.apply([vector_removal(&r.id)]);
+                    self.vectors.apply([Change::removal(r.id.clone())]);
                     removed += 1;
                     report.expired += 1;
                     *report
@@ -782,7 +763,8 @@ impl MongoStore {
                 .insert_many(docs)
                 .await
                 .ctx("loading memories")?;
-            self.vectors.apply(chunk.iter().map(vector_change));
+            self.vectors
+                .apply(chunk.iter().map(|r| Change::of_write(r.id.clone(), r)));
             n += chunk.len() as u64;
         }
         Ok(n)

@@ -321,15 +321,7 @@ fn write_row(conn: &Connection, rowid: Option<i64>, r: &MemoryRecord) -> Result<
         )
         .ctx("writing a memory")?;
     index(conn, rowid, r)?;
-    // Only admitted records are searched, so only they take a place in the index.
-    stage(Change {
-        namespace: Some(r.namespace.key.clone()),
-        key: rowid,
-        vector: r
-            .embedding
-            .clone()
-            .filter(|_| r.approval_status.searchable()),
-    });
+    stage(Change::of_write(rowid, r));
     Ok(rowid)
 }
 
@@ -362,11 +354,7 @@ fn delete_row(conn: &Connection, rowid: i64) -> Result<()> {
         .ctx("preparing the memory delete")?
         .execute([rowid])
         .ctx("deleting a memory")?;
-    stage(Change {
-        namespace: None,
-        key: rowid,
-        vector: None,
-    });
+    stage(Change::removal(rowid));
     Ok(())
 }
 
