@@ -1221,32 +1221,12 @@ pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) 
     records.extend([old, elsewhere, pending]);
     store.load_memories(records).await.expect("load");
 
-    let nearest = |embedding: Vec<f32>| CandidateQuery {
-        terms: vec![],
-        kinds: vec![],
-        lexical_limit: 10,
-        embedding: Some(embedding),
-        vector_limit: 10,
-        now_ms: now_ms(),
-    };
-    let best = |candidates: Vec<rank::Candidate>, q: &[f32]| {
-        rank::rank(candidates, Some(q), now_ms(), Weights::default())
-            .into_iter()
-            .map(|s| (s.record.namespace.key.clone(), s.record.memory_key.clone()))
-            .collect::<Vec<_>>()
-    };
     let q0 = {
         let mut q = probe(0);
         q[2] = 0.05;
         q
     };
-    let found = best(
-        store
-            .memory_candidates(&mine, &nearest(q0.clone()))
-            .await
-            .expect("search"),
-        &q0,
-    );
+    let found = by_embedding(store, &mine, &q0).await;
     assert_eq!(
         found.first(),
         Some(&(mine.key.clone(), "n/oldest".to_owned())),
@@ -1257,13 +1237,7 @@ pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) 
         "never a record of another namespace"
     );
     let q1 = probe(1);
-    let found = best(
-        store
-            .memory_candidates(&mine, &nearest(q1.clone()))
-            .await
-            .expect("search"),
-        &q1,
-    );
+    let found = by_embedding(store, &mine, &q1).await;
     assert!(
         !found.iter().any(|(_, k)| k == "n/pending"),
         "a record awaiting approval is not a candidate"
@@ -1285,13 +1259,7 @@ pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) 
     )
     .await
     .expect("write");
-    let found = best(
-        store
-            .memory_candidates(&mine, &nearest(q1.clone()))
-            .await
-            .expect("search"),
-        &q1,
-    );
+    let found = by_embedding(store, &mine, &q1).await;
     assert_eq!(
         found.first().map(|(_, k)| k.as_str()),
         Some("n/new"),
@@ -1301,17 +1269,32 @@ pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) 
         .delete_memory(&mine, "n/new", put.record.revision, "test")
         .await
         .expect("delete");
-    let found = best(
-        store
-            .memory_candidates(&mine, &nearest(q1.clone()))
-            .await
-            .expect("search"),
-        &q1,
-    );
+    let found = by_embedding(store, &mine, &q1).await;
     assert!(
         !found.iter().any(|(_, k)| k == "n/new"),
         "deleted: {found:?}"
     );
+}
+
+/// Search by embedding alone (top 10 candidates), ranked: (namespace, key) best first.
+async fn by_embedding<S: Store + ?Sized>(
+    store: &S,
+    ns: &Namespace,
+    q: &[f32],
+) -> Vec<(String, String)> {
+    let query = CandidateQuery {
+        terms: vec![],
+        kinds: vec![],
+        lexical_limit: 10,
+        embedding: Some(q.to_vec()),
+        vector_limit: 10,
+        now_ms: now_ms(),
+    };
+    let candidates = store.memory_candidates(ns, &query).await.expect("search");
+    rank::rank(candidates, Some(q), now_ms(), Weights::default())
+        .into_iter()
+        .map(|s| (s.record.namespace.key.clone(), s.record.memory_key.clone()))
+        .collect()
 }
 
 /// Every case, for a wiring check in each backend's file.
