@@ -51,6 +51,7 @@ use crate::{
     store::Store,
 };
 
+pub mod admission;
 pub mod binding;
 pub mod failure;
 pub mod leader;
@@ -121,6 +122,8 @@ pub struct OperatorMetrics {
     pub events_dropped: Counter,
     /// Binding reconciles that ended waiting for Agent Sandbox, by what they waited for.
     pub binding_waits: Family<WaitLabels, Counter>,
+    /// Bindings without a lease waiting for a claiming slot (see `admission`).
+    pub bindings_waiting_to_start: Gauge,
     /// Webhook certificates the operator manages: seconds until they expire.
     pub webhook_certs: webhook_certs::CertMetrics,
     /// Retention sweeps the leader runs (`harness_engine_retention_*`).
@@ -142,6 +145,7 @@ impl Default for OperatorMetrics {
             api_requests: Counter::default(),
             events_dropped: Counter::default(),
             binding_waits: Family::default(),
+            bindings_waiting_to_start: Gauge::default(),
             webhook_certs: webhook_certs::CertMetrics::default(),
             retention: retention::RetentionMetrics::default(),
         }
@@ -192,6 +196,11 @@ impl OperatorMetrics {
             "binding_waits",
             "Binding reconciles that ended waiting for Agent Sandbox, by reason",
             self.binding_waits.clone(),
+        );
+        r.register(
+            "bindings_waiting_to_start",
+            "Bindings without a lease queued for a claiming slot (at most half of --concurrency start at once)",
+            self.bindings_waiting_to_start.clone(),
         );
         r.register(
             "events_dropped",
@@ -400,19 +409,19 @@ fn bindings_naming(
     if sandbox.is_none() && pod.is_none() {
         return Vec::new();
     }
+    // One pass under the cache's read lock, cloning only the matches.
     bindings
-        .state()
-        .into_iter()
-        .filter(|b| b.metadata.namespace.as_deref() == Some(ns))
-        .filter(|b| {
-            b.status
-                .as_ref()
-                .and_then(|s| s.lease.as_ref())
-                .is_some_and(|l| {
-                    (sandbox.is_some() && l.sandbox_name.as_deref() == sandbox)
-                        || (pod.is_some() && l.worker_pod_name.as_deref() == pod)
-                })
+        .state_filter(|b| {
+            b.metadata.namespace.as_deref() == Some(ns)
+                && b.status
+                    .as_ref()
+                    .and_then(|s| s.lease.as_ref())
+                    .is_some_and(|l| {
+                        (sandbox.is_some() && l.sandbox_name.as_deref() == sandbox)
+                            || (pod.is_some() && l.worker_pod_name.as_deref() == pod)
+                    })
         })
+        .into_iter()
         .map(|b| ObjectRef::from_obj(&*b))
         .collect()
 }
@@ -481,10 +490,10 @@ pub struct Context {
     caches: RwLock<Option<Caches>>,
     events: Vec<mpsc::Sender<EventJob>>,
     event_workers: Mutex<Option<Vec<mpsc::Receiver<EventJob>>>>,
-    /// Permits for reconciles of bindings that hold no lease yet (set when the
-    /// controllers start): a burst of new bindings may take only part of the
-    /// controller's slots, so a claim turning Ready is never queued behind all of them.
-    claiming: std::sync::OnceLock<tokio::sync::Semaphore>,
+    /// The queue of bindings that hold no lease yet (set while the controllers run): a
+    /// burst of new bindings may take only part of the controller's slots, so a claim
+    /// turning Ready is never queued behind all of them.
+    admission: RwLock<Option<Arc<admission::Admission>>>,
     /// Binding UID -> when the claim watch first showed its current claim Ready.
     claims_ready: Mutex<HashMap<String, Instant>>,
     /// Binding UID -> when its state was last projected.
@@ -532,7 +541,7 @@ impl Context {
             caches: RwLock::default(),
             events,
             event_workers: Mutex::new(Some(receivers)),
-            claiming: std::sync::OnceLock::new(),
+            admission: RwLock::default(),
             claims_ready: Mutex::default(),
             projections: Mutex::default(),
             fences: Mutex::default(),
@@ -595,17 +604,10 @@ impl Context {
         self.claims_ready.lock().ok()?.remove(uid)
     }
 
-    /// A permit to start a new binding's first lease, if one is free now.
-    pub(crate) fn claim_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        match self.claiming.get() {
-            Some(s) => s.try_acquire().ok(),
-            // Outside the controllers (tests): no limit.
-            None => None,
-        }
-    }
-
-    pub(crate) fn claims_limited(&self) -> bool {
-        self.claiming.get().is_some()
+    /// The admission queue of bindings starting their first lease; `None` outside the
+    /// controllers (tests): no limit.
+    pub(crate) fn admission(&self) -> Option<Arc<admission::Admission>> {
+        self.admission.read().ok().and_then(|a| a.clone())
     }
 
     /// The watch caches, while the controllers run.
@@ -944,11 +946,15 @@ where
     let cc = controller::Config::default().concurrency(config.concurrency);
 
     ctx.start_event_workers();
-    // Half the slots at most for bindings starting their first lease (see `claiming`).
-    ctx.claiming
-        .get_or_init(|| tokio::sync::Semaphore::new(usize::from(config.concurrency / 2).max(1)));
+    // Half the slots at most for bindings starting their first lease; the others wait
+    // in a queue that wakes them (see `admission`).
+    let (queue, woken) = admission::Admission::new(usize::from(config.concurrency / 2));
+    if let Ok(mut a) = ctx.admission.write() {
+        *a = Some(queue);
+    }
 
     let bindings = binding_controller(&ctx, ns, cc.clone())
+        .reconcile_on(tokio_stream_of(woken))
         .graceful_shutdown_on(shutdown())
         .run(
             |b, ctx| observed(b.clone(), ctx.clone(), binding::reconcile(b, ctx)),
@@ -982,6 +988,16 @@ where
 
     tokio::join!(bindings, profiles, policies);
     ctx.set_caches(None);
+    if let Ok(mut a) = ctx.admission.write() {
+        *a = None;
+    }
+}
+
+/// The receiving end of a channel as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 /// Reconnect delays of the binding controller's watches: 250 ms doubling to 5 s with
@@ -1044,10 +1060,34 @@ where
         + Sync
         + 'static,
 {
+    slim_watch(client, ns, config, gate, kind, strip_managed_fields::<K>)
+}
+
+/// [`cached_watch`] keeping only what `slim` leaves of each object.
+fn slim_watch<K>(
+    client: &Client,
+    ns: Option<&str>,
+    config: watcher::Config,
+    gate: &CacheGate,
+    kind: &'static str,
+    slim: fn(&mut K),
+) -> (
+    Cache<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (cache, writer) = reflector::store::<K>();
     let events = watcher(api::<K>(client, ns), config)
         .backoff(WatchBackoff::new())
-        .modify(strip_managed_fields)
+        .modify(slim)
         .reflect(writer)
         .inspect(gate.on_init_done(kind))
         .touched_objects();
@@ -1110,7 +1150,7 @@ fn binding_controller(
     // Only pods Agent Sandbox made (it labels each with its Sandbox's name hash): the
     // cache holds none of the cluster's other pods.
     let pods_config = watcher::Config::default().labels(SANDBOX_POD_LABEL);
-    let (pods, pod_events) = cached_watch::<Pod>(client, ns, pods_config, &gate, "pods");
+    let (pods, pod_events) = slim_watch(client, ns, pods_config, &gate, "pods", slim_pod);
     let (profiles, profile_events) = cached_watch::<SandboxProfile>(
         client,
         ns,
@@ -1145,9 +1185,10 @@ fn binding_controller(
             let pns = profile.namespace();
             let name = profile.name_any();
             by_profile
-                .state()
+                .state_filter(|b| {
+                    b.metadata.namespace == pns && b.spec.sandbox_profile_ref.name == name
+                })
                 .into_iter()
-                .filter(move |b| b.namespace() == pns && b.spec.sandbox_profile_ref.name == name)
                 .map(|b| ObjectRef::from_obj(&*b))
         })
 }
@@ -1155,6 +1196,33 @@ fn binding_controller(
 /// Caches keep what the controllers read; the field-manager bookkeeping is not that.
 fn strip_managed_fields<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
+}
+
+/// What the binding controller reads of a worker pod: its metadata (name, uid, owner,
+/// labels, the protocol annotation, deletion) and its containers' names and image ids.
+/// The spec (containers, volumes, env) and the rest of the status are most of a pod's
+/// size, and the cache holds one pod per binding. A decision that needs more reads the
+/// pod live.
+fn slim_pod(pod: &mut Pod) {
+    strip_managed_fields(pod);
+    pod.spec = None;
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            container_statuses: status.container_statuses.map(|cs| {
+                cs.into_iter()
+                    .map(|c| k8s_openapi::api::core::v1::ContainerStatus {
+                        name: c.name,
+                        image_id: c.image_id,
+                        image: c.image,
+                        ready: c.ready,
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            phase: status.phase,
+            ..Default::default()
+        });
+    }
 }
 
 /// A Kubernetes client that counts the requests it sends (for metrics and the

@@ -287,15 +287,26 @@ struct Anchor {
 /// The map is bounded: past `max` entries (or `idle` without an attempt) the oldest
 /// anchors are ended, as `requeued`.
 pub struct ReconcileAnchors {
-    anchors: Mutex<HashMap<String, Anchor>>,
+    anchors: Mutex<Anchors>,
     max: usize,
     idle: Duration,
 }
 
+#[derive(Default)]
+struct Anchors {
+    open: HashMap<String, Anchor>,
+    /// When idle anchors were last looked for (a sweep walks every anchor, so it runs
+    /// at most once a second, not on every attempt).
+    swept: Option<Instant>,
+}
+
+/// How often [`ReconcileAnchors::attempt`] looks for idle anchors.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 impl ReconcileAnchors {
     pub fn new(max: usize, idle: Duration) -> Self {
         ReconcileAnchors {
-            anchors: Mutex::new(HashMap::new()),
+            anchors: Mutex::new(Anchors::default()),
             max: max.max(1),
             idle,
         }
@@ -305,32 +316,44 @@ impl ReconcileAnchors {
     /// number, starting at 1.
     pub fn attempt(&self, key: &str, kind: &'static str) -> (Span, u64) {
         let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
-        let idle = self.idle;
-        anchors.retain(|_, a| {
-            let keep = a.last_used.elapsed() < idle;
-            if !keep {
-                a.span.record(keys::OUTCOME, "requeued");
-            }
-            keep
-        });
-        if !anchors.contains_key(key) && anchors.len() >= self.max {
-            let oldest = anchors
+        let now = Instant::now();
+        if anchors
+            .swept
+            .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY)
+        {
+            anchors.swept = Some(now);
+            let idle = self.idle;
+            anchors.open.retain(|_, a| {
+                let keep = now.saturating_duration_since(a.last_used) < idle;
+                if !keep {
+                    a.span.record(keys::OUTCOME, "requeued");
+                }
+                keep
+            });
+        }
+        if !anchors.open.contains_key(key) && anchors.open.len() >= self.max {
+            // Full: end the least recently used eighth at once, so a burst of new keys
+            // costs one pass over the map per `max / 8` of them, not one each.
+            let mut by_age: Vec<(Instant, String)> = anchors
+                .open
                 .iter()
-                .min_by_key(|(_, a)| a.last_used)
-                .map(|(k, _)| k.clone());
-            if let Some(oldest) = oldest
-                && let Some(a) = anchors.remove(&oldest)
-            {
-                a.span.record(keys::OUTCOME, "requeued");
+                .map(|(k, a)| (a.last_used, k.clone()))
+                .collect();
+            let evict = (self.max / 8).max(1).min(by_age.len());
+            by_age.select_nth_unstable_by_key(evict - 1, |(t, _)| *t);
+            for (_, oldest) in by_age.into_iter().take(evict) {
+                if let Some(a) = anchors.open.remove(&oldest) {
+                    a.span.record(keys::OUTCOME, "requeued");
+                }
             }
         }
-        let anchor = anchors.entry(key.to_owned()).or_insert_with(|| Anchor {
+        let anchor = anchors.open.entry(key.to_owned()).or_insert_with(|| Anchor {
             span: reconcile_root(kind),
             attempts: 0,
-            last_used: Instant::now(),
+            last_used: now,
         });
         anchor.attempts += 1;
-        anchor.last_used = Instant::now();
+        anchor.last_used = now;
         record_count(&anchor.span, keys::ATTEMPT, anchor.attempts);
         (anchor.span.clone(), anchor.attempts)
     }
@@ -339,14 +362,18 @@ impl ReconcileAnchors {
     /// under it has ended too).
     pub fn finish(&self, key: &str, outcome: &'static str) {
         let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(a) = anchors.remove(key) {
+        if let Some(a) = anchors.open.remove(key) {
             a.span.record(keys::OUTCOME, outcome);
         }
     }
 
     /// Anchors currently open.
     pub fn len(&self) -> usize {
-        self.anchors.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.anchors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .open
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -463,7 +490,23 @@ mod tests {
         anchors.attempt("b", "harness_binding");
         anchors.attempt("c", "harness_binding");
         assert_eq!(anchors.len(), 2);
+        // The least recently used went: b keeps counting.
+        assert_eq!(anchors.attempt("b", "harness_binding").1, 2);
         anchors.finish("c", "ok");
         assert_eq!(anchors.len(), 1);
+    }
+
+    #[test]
+    fn a_full_map_ends_its_oldest_eighth_at_once() {
+        let anchors = ReconcileAnchors::new(16, Duration::from_secs(60));
+        for i in 0..16 {
+            anchors.attempt(&format!("k{i}"), "harness_binding");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        anchors.attempt("new", "harness_binding");
+        assert_eq!(anchors.len(), 15);
+        // k0 and k1 (the oldest) start over; k2 is still the same anchor.
+        assert_eq!(anchors.attempt("k2", "harness_binding").1, 2);
+        assert_eq!(anchors.attempt("k0", "harness_binding").1, 1);
     }
 }

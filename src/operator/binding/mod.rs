@@ -39,12 +39,13 @@ use kube::{
     runtime::{
         controller::Action,
         finalizer::{Event as FinalizerEvent, finalizer},
+        reflector::ObjectRef,
     },
 };
 use serde_json::json;
 use tracing::Instrument;
 
-use super::{Context, Error};
+use super::{Context, Error, admission::Entry};
 use crate::telemetry::spans::{self, Step as SpanStep, keys};
 use crate::{
     api::{BINDING_ID_LABEL, HarnessBinding},
@@ -101,28 +102,41 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
     if let Some(action) = ctx.not_leading() {
         return Ok(action);
     }
-    // A binding without a lease starts only when a claiming permit is free; until then
-    // it yields its slot (a short, spread requeue, no API call, no span) to bindings
-    // further along.
+    // A binding without a lease starts only when a claiming slot is free; until then it
+    // waits in the admission queue, which wakes it when a slot is handed to it (no API
+    // call, no span, no timer but a slow safety net).
     let starting = binding.meta().deletion_timestamp.is_none()
         && binding
             .status
             .as_ref()
             .and_then(|s| s.lease.as_ref())
             .is_none();
-    let _permit = if starting && ctx.claims_limited() {
-        match ctx.claim_permit() {
-            Some(p) => Some(p),
-            None => {
-                ctx.metrics.waited("ClaimingSlot");
-                return Ok(Action::requeue(spread(
-                    binding.meta().uid.as_deref().unwrap_or_default(),
-                )));
+    let _slot = match ctx.admission() {
+        Some(queue) => {
+            let key = ObjectRef::from_obj(&*binding);
+            let entry = if starting {
+                Some(queue.enter(&key))
+            } else {
+                queue.leave(&key);
+                None
+            };
+            let waiting = i64::try_from(queue.waiting()).unwrap_or(i64::MAX);
+            ctx.metrics.bindings_waiting_to_start.set(waiting);
+            match entry {
+                Some(Entry::Admitted(slot)) => Some(slot),
+                Some(Entry::Waiting { position, newly }) => {
+                    if newly {
+                        ctx.metrics.waited("ClaimingSlot");
+                    }
+                    tracing::trace!(position, "waiting for a claiming slot");
+                    return Ok(Action::requeue(ADMISSION_RECHECK));
+                }
+                None => None,
             }
         }
-    } else {
-        None
+        None => None,
     };
+
     let started = std::time::Instant::now();
     let ns = binding.namespace().unwrap_or_default();
     let api: Api<HarnessBinding> = Api::namespaced(ctx.client.clone(), &ns);
@@ -148,10 +162,14 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
             caches.ready().await?;
         }
 
-        if let Some(action) = prepare_metadata(&api, &binding, &ctx).await? {
-            return Ok(action);
-        }
         let mut binding = binding;
+        match prepare_metadata(&api, &binding, &ctx).await? {
+            Prepared::Done => {}
+            // Go on with the object the patch returned: waiting for the watch to bring
+            // it back would cost a second pass through the queue.
+            Prepared::Patched(patched) => binding = Arc::new(patched),
+            Prepared::Stop(action) => return Ok(action),
+        }
         // A status write that lost its compare-and-set most often read a binding the
         // watch had not refreshed yet (our own previous write): read it live and go
         // again once, instead of waiting for a requeue.
@@ -209,16 +227,26 @@ async fn finalize(
     })
 }
 
+/// What [`prepare_metadata`] did.
+enum Prepared {
+    /// Nothing to do: the binding carries both.
+    Done,
+    /// Patched: the binding as the API server now has it.
+    Patched(HarnessBinding),
+    /// Stop here and come back (someone else moved first).
+    Stop(Action),
+}
+
 /// A new binding needs our finalizer and the binding-id label (the worker
 /// authenticator finds the store binding through it): both in one patch, guarded by
-/// the `resourceVersion` it was read at. `Some(next)` when it had something to do.
+/// the `resourceVersion` it was read at.
 async fn prepare_metadata(
     api: &Api<HarnessBinding>,
     binding: &HarnessBinding,
     ctx: &Context,
-) -> Result<Option<Action>, Error> {
+) -> Result<Prepared, Error> {
     if binding.meta().deletion_timestamp.is_some() {
-        return Ok(None);
+        return Ok(Prepared::Done);
     }
     let spec = &binding.spec;
     let id =
@@ -228,7 +256,7 @@ async fn prepare_metadata(
     let finalizers = binding.finalizers();
     let finalized = finalizers.iter().any(|f| f == FINALIZER);
     if labelled && finalized {
-        return Ok(None);
+        return Ok(Prepared::Done);
     }
     let mut all: Vec<String> = finalizers.to_vec();
     if !finalized {
@@ -247,22 +275,17 @@ async fn prepare_metadata(
         )
         .await
     {
-        // The watch brings the labelled, finalized binding back as a new trigger.
-        Ok(_) => Ok(Some(Action::await_change())),
+        Ok(patched) => Ok(Prepared::Patched(patched)),
         // Someone moved first (perhaps only its status, which triggers nothing): look
         // again shortly.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Some(conflict_retry())),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Prepared::Stop(conflict_retry())),
         Err(e) => Err(e.into()),
     }
 }
 
-/// 250 to 500 ms, spread by `key` so that waiting bindings do not all come back at once.
-fn spread(key: &str) -> Duration {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    Duration::from_millis(250 + h.finish() % 250)
-}
+/// A binding waiting in the admission queue is woken when a slot is handed to it; this
+/// is only the safety net should a wake be lost.
+const ADMISSION_RECHECK: Duration = Duration::from_secs(60);
 
 /// Requeue soon after a conflict: someone else moved the object.
 fn conflict_retry() -> Action {
@@ -294,9 +317,11 @@ async fn apply(binding: &HarnessBinding, ctx: &Context) -> Result<Action, Error>
     if binding.labels().get(BINDING_ID_LABEL).map(String::as_str) != Some(id.as_str()) {
         let api: Api<HarnessBinding> =
             Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
-        return Ok(prepare_metadata(&api, binding, ctx)
-            .await?
-            .unwrap_or_else(Action::await_change));
+        // The watch brings the labelled binding back as a new trigger.
+        return Ok(match prepare_metadata(&api, binding, ctx).await? {
+            Prepared::Stop(action) => action,
+            Prepared::Done | Prepared::Patched(_) => Action::await_change(),
+        });
     }
     ensure_store_binding(binding, ctx, &id).await?;
 

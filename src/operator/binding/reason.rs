@@ -101,7 +101,7 @@ reasons! {
     SandboxSettling => [Wait],
         "the claim turned Ready moments ago and its Sandbox or pod has not been seen Ready yet: waited for without a status write";
     ClaimingSlot => [Wait],
-        "a binding without a lease waited for a claiming slot (at most half of `--concurrency`)";
+        "a binding without a lease was queued for a claiming slot (at most half of `--concurrency` start at once; woken in arrival order)";
     Suspended => [False(SANDBOX_READY)],
         "the Sandbox is suspended (hibernation)";
     Released => [False(SANDBOX_READY)],
