@@ -29,6 +29,22 @@ use std::{
     time::Instant,
 };
 
+/// How many nearest vectors to look at, round by round, to find `limit` that pass a
+/// filter the index does not know (a kind, expiry, a record awaiting approval): `limit`,
+/// then four times more each round, up to sixteen times `limit`. Each round is one pass
+/// over the namespace's vectors; the rows read grow with what the filter drops. A
+/// filter that drops more than fifteen in sixteen of the nearest can still return
+/// fewer than `limit` (docs/memory.md).
+pub fn widen(limit: usize) -> impl Iterator<Item = usize> {
+    let last = limit.saturating_mul(WIDEN_MAX);
+    std::iter::successors(Some(limit.max(1)), move |n| {
+        (*n < last).then(|| n.saturating_mul(4).min(last))
+    })
+}
+
+/// How far [`widen`] goes, as a multiple of the limit.
+pub const WIDEN_MAX: usize = 16;
+
 /// A change to one key's vector: its new direction, or `None` when it leaves the index
 /// (deleted, no longer searchable, or written without an embedding).
 #[derive(Clone, Debug)]
@@ -181,7 +197,8 @@ impl<K: Clone + Eq + Hash> Space<K> {
     }
 
     /// Up to `n` keys of the vectors closest in direction to `query`, best first; empty
-    /// while the index is not built.
+    /// while the index is not built. A caller that filters the keys (by kind, expiry)
+    /// asks again for more through [`widen`].
     pub fn nearest(&self, query: &[f32], n: usize) -> Vec<K> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state
@@ -330,6 +347,14 @@ fn dot(a: &[i8], b: &[i8]) -> i32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn widening_grows_fourfold_to_sixteen_times_the_limit() {
+        assert_eq!(super::widen(10).collect::<Vec<_>>(), [10, 40, 160]);
+        assert_eq!(super::widen(64).collect::<Vec<_>>(), [64, 256, 1024]);
+        assert_eq!(super::widen(3).collect::<Vec<_>>(), [3, 12, 48]);
+        assert_eq!(super::widen(0).collect::<Vec<_>>(), [1]);
+    }
+
     use super::*;
 
     fn change(ns: &str, key: u32, v: Option<Vec<f32>>) -> Change<u32> {

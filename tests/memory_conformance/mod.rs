@@ -1170,8 +1170,9 @@ pub async fn worker_writes_are_fenced<S: Store + ?Sized>(store: &S) {
 /// ones or ones sharing a word: among 1,200 records with embeddings, the oldest one,
 /// sharing no word with the query, is found by direction; a record of another namespace
 /// with the very query vector never is. Writes after the index is built reach it at
-/// once (a new record is found, a deleted one is gone), and a record awaiting approval
-/// is not a candidate.
+/// once (a new record is found, a deleted one is gone), a record awaiting approval is
+/// not a candidate, and a kind filter still finds the kind's records behind nearer
+/// records of other kinds.
 pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) {
     let mine = ns("vera", "agent-1", MemoryScope::User);
     let theirs = ns("walt", "agent-1", MemoryScope::User);
@@ -1273,6 +1274,49 @@ pub async fn vector_search_considers_every_record<S: Store + ?Sized>(store: &S) 
     assert!(
         !found.iter().any(|(_, k)| k == "n/new"),
         "deleted: {found:?}"
+    );
+
+    // A kind filter the index does not know: 40 semantic records nearer to the query
+    // than the three procedural ones still leave the three found.
+    let mut near = Vec::new();
+    for i in 0..40 {
+        let mut r = record(&mine, &format!("near/{i:02}"), "semantic neighbour", now);
+        let mut v = probe(2);
+        v[3] = 0.01 * i as f32;
+        r.embedding = Some(v);
+        near.push(r);
+    }
+    for i in 0..3 {
+        let mut r = record(&mine, &format!("proc/{i}"), "procedural step", now);
+        r.kind = MemoryKind::Procedural;
+        let mut v = probe(2);
+        v[2] = 0.6;
+        v[4 + i] = 0.8;
+        r.embedding = Some(v);
+        near.push(r);
+    }
+    store.load_memories(near).await.expect("load");
+    let query = CandidateQuery {
+        terms: vec![],
+        kinds: vec![MemoryKind::Procedural],
+        lexical_limit: 10,
+        embedding: Some(probe(2)),
+        vector_limit: 10,
+        now_ms: now_ms(),
+    };
+    let mut procedural: Vec<String> = store
+        .memory_candidates(&mine, &query)
+        .await
+        .expect("search")
+        .into_iter()
+        .filter(|c| c.record.kind == MemoryKind::Procedural)
+        .map(|c| c.record.memory_key)
+        .collect();
+    procedural.sort();
+    assert_eq!(
+        procedural,
+        ["proc/0", "proc/1", "proc/2"],
+        "every procedural record behind the nearer semantic ones"
     );
 }
 

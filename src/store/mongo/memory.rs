@@ -41,7 +41,7 @@ use crate::{
             CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, PutPlan, audit_action,
             audit_detail, plan_decision, plan_delete, plan_put, plan_revocation, source_binding,
         },
-        vectors::{Change, Space},
+        vectors::{self, Change, Space},
     },
 };
 
@@ -592,31 +592,52 @@ impl MongoStore {
             if stale {
                 self.build_vectors(ns, &space).await?;
             }
-            let ids: Vec<String> = space
-                .nearest(query, q.vector_limit)
-                .into_iter()
-                .filter(|id| !seen.contains(id))
-                .collect();
-            if !ids.is_empty() {
-                let limit = i64::try_from(ids.len()).unwrap_or(i64::MAX);
-                let mut nearest = self
-                    .find_memories(doc! { "_id": { "$in": &ids } }, None, limit)
-                    .await?;
-                // In the index's order, for the same candidates whatever order the
-                // server returns them in.
-                let order: std::collections::HashMap<&str, usize> = ids
-                    .iter()
-                    .enumerate()
-                    .map(|(i, id)| (id.as_str(), i))
-                    .collect();
-                nearest.sort_by_key(|r| order.get(r.id.as_str()).copied());
-                for record in nearest {
-                    if keep(&record) && seen.insert(record.id.clone()) {
-                        out.push(Candidate {
-                            record,
-                            lexical: 0.0,
-                        });
+            // The nearest that pass the filters (kinds, expiry), widening the look
+            // while the filters drop too many (see `vectors::widen`).
+            let mut looked = HashSet::new();
+            let mut taken = 0;
+            for asked in vectors::widen(q.vector_limit) {
+                let nearest = space.nearest(query, asked);
+                let exhausted = nearest.len() < asked;
+                let mut ids = Vec::new();
+                for id in nearest {
+                    if !looked.insert(id.clone()) {
+                        continue;
                     }
+                    if seen.contains(&id) {
+                        taken += 1;
+                    } else {
+                        ids.push(id);
+                    }
+                }
+                if !ids.is_empty() {
+                    let limit = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+                    let mut nearest = self
+                        .find_memories(doc! { "_id": { "$in": &ids } }, None, limit)
+                        .await?;
+                    // In the index's order, for the same candidates whatever order the
+                    // server returns them in.
+                    let order: std::collections::HashMap<&str, usize> = ids
+                        .iter()
+                        .enumerate()
+                        .map(|(i, id)| (id.as_str(), i))
+                        .collect();
+                    nearest.sort_by_key(|r| order.get(r.id.as_str()).copied());
+                    for record in nearest {
+                        if taken >= q.vector_limit {
+                            break;
+                        }
+                        if keep(&record) && seen.insert(record.id.clone()) {
+                            taken += 1;
+                            out.push(Candidate {
+                                record,
+                                lexical: 0.0,
+                            });
+                        }
+                    }
+                }
+                if taken >= q.vector_limit || exhausted {
+                    break;
                 }
             }
             let recent = self

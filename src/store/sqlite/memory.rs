@@ -42,7 +42,7 @@ use crate::{
             CandidateQuery, MemoryDecision, MemoryPut, MemorySweepReport, PutPlan, audit_action,
             audit_detail, plan_decision, plan_delete, plan_put, plan_revocation,
         },
-        vectors::{Change, Space, VectorIndex},
+        vectors::{self, Change, Space, VectorIndex},
     },
 };
 
@@ -622,24 +622,43 @@ pub(super) fn candidates(
                 "SELECT {COLUMNS} FROM harness_memories WHERE rowid = ?1"
             ))
             .ctx("preparing the nearest-memory read")?;
-        for rowid in space.nearest(query, q.vector_limit) {
-            if seen.contains(&rowid) {
-                continue;
+        // The nearest that pass the filters (kinds, expiry), widening the look while
+        // the filters drop too many (see `vectors::widen`).
+        let mut looked = std::collections::HashSet::new();
+        let mut taken = 0;
+        for asked in vectors::widen(q.vector_limit) {
+            let nearest = space.nearest(query, asked);
+            let exhausted = nearest.len() < asked;
+            for rowid in nearest {
+                if taken >= q.vector_limit {
+                    break;
+                }
+                if !looked.insert(rowid) {
+                    continue;
+                }
+                if seen.contains(&rowid) {
+                    taken += 1;
+                    continue;
+                }
+                // A row deleted since the index saw it is simply gone.
+                let Some((rowid, record)) = stmt
+                    .query_row([rowid], decode)
+                    .optional()
+                    .ctx("reading a nearest memory")?
+                else {
+                    continue;
+                };
+                let record = record?;
+                if keep(&record) && seen.insert(rowid) {
+                    taken += 1;
+                    out.push(Candidate {
+                        record,
+                        lexical: 0.0,
+                    });
+                }
             }
-            // A row deleted since the index saw it is simply gone.
-            let Some((rowid, record)) = stmt
-                .query_row([rowid], decode)
-                .optional()
-                .ctx("reading a nearest memory")?
-            else {
-                continue;
-            };
-            let record = record?;
-            if keep(&record) && seen.insert(rowid) {
-                out.push(Candidate {
-                    record,
-                    lexical: 0.0,
-                });
+            if taken >= q.vector_limit || exhausted {
+                break;
             }
         }
     }
