@@ -347,11 +347,14 @@ impl ReconcileAnchors {
                 }
             }
         }
-        let anchor = anchors.open.entry(key.to_owned()).or_insert_with(|| Anchor {
-            span: reconcile_root(kind),
-            attempts: 0,
-            last_used: now,
-        });
+        let anchor = anchors
+            .open
+            .entry(key.to_owned())
+            .or_insert_with(|| Anchor {
+                span: reconcile_root(kind),
+                attempts: 0,
+                last_used: now,
+            });
         anchor.attempts += 1;
         anchor.last_used = now;
         record_count(&anchor.span, keys::ATTEMPT, anchor.attempts);

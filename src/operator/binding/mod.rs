@@ -167,7 +167,7 @@ pub async fn reconcile(binding: Arc<HarnessBinding>, ctx: Arc<Context>) -> Resul
             Prepared::Done => {}
             // Go on with the object the patch returned: waiting for the watch to bring
             // it back would cost a second pass through the queue.
-            Prepared::Patched(patched) => binding = Arc::new(patched),
+            Prepared::Patched(patched) => binding = Arc::new(*patched),
             Prepared::Stop(action) => return Ok(action),
         }
         // A status write that lost its compare-and-set most often read a binding the
@@ -232,7 +232,7 @@ enum Prepared {
     /// Nothing to do: the binding carries both.
     Done,
     /// Patched: the binding as the API server now has it.
-    Patched(HarnessBinding),
+    Patched(Box<HarnessBinding>),
     /// Stop here and come back (someone else moved first).
     Stop(Action),
 }
@@ -275,7 +275,7 @@ async fn prepare_metadata(
         )
         .await
     {
-        Ok(patched) => Ok(Prepared::Patched(patched)),
+        Ok(patched) => Ok(Prepared::Patched(Box::new(patched))),
         // Someone moved first (perhaps only its status, which triggers nothing): look
         // again shortly.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Prepared::Stop(conflict_retry())),
