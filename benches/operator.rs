@@ -783,7 +783,7 @@ async fn run(
         *kinds.entry(shape).or_default() += 1;
     }
     let mut kinds: Vec<(String, usize)> = kinds.into_iter().collect();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
     for (shape, count) in kinds.iter().take(5) {
         println!("  {count:>6} x {shape}");
     }
