@@ -1123,6 +1123,18 @@ fn binding_controller(
     .modify(strip_managed_fields)
     .reflect(writer)
     .inspect(gate.on_init_done("harnessbindings"))
+    // A binding deleted while it waits to start (never admitted, so no finalizer and no
+    // reconcile of its deletion) leaves the start queue here.
+    .inspect({
+        let ctx = Arc::downgrade(ctx);
+        move |event| {
+            if let (Ok(watcher::Event::Delete(b)), Some(ctx)) = (event, ctx.upgrade())
+                && let Some(queue) = ctx.admission()
+            {
+                queue.leave(&ObjectRef::from_obj(b));
+            }
+        }
+    })
     .applied_objects()
     .predicate_filter(
         binding_trigger,
