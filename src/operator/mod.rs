@@ -1039,32 +1039,10 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
-/// A watch that fills a cache of `K` (managed fields stripped) and opens its part of
-/// `gate` on its first complete list; the stream yields every object it touched.
+/// A watch that fills a cache of `K`, each object as `slim` leaves it (at least its
+/// managed fields stripped), and opens its part of `gate` on its first complete list;
+/// the stream yields every object it touched.
 fn cached_watch<K>(
-    client: &Client,
-    ns: Option<&str>,
-    config: watcher::Config,
-    gate: &CacheGate,
-    kind: &'static str,
-) -> (
-    Cache<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    slim_watch(client, ns, config, gate, kind, strip_managed_fields::<K>)
-}
-
-/// [`cached_watch`] keeping only what `slim` leaves of each object.
-fn slim_watch<K>(
     client: &Client,
     ns: Option<&str>,
     config: watcher::Config,
@@ -1147,7 +1125,14 @@ fn binding_controller(
     // (pod -> Sandbox -> SandboxClaim -> HarnessBinding); whichever of the three moves
     // last finds the chain complete.
     let claims_config = watcher::Config::default().labels(binding::BINDING_UID_LABEL);
-    let (claims, claim_events) = cached_watch(client, ns, claims_config, &gate, "sandboxclaims");
+    let (claims, claim_events) = cached_watch(
+        client,
+        ns,
+        claims_config,
+        &gate,
+        "sandboxclaims",
+        strip_managed_fields,
+    );
     let claim_events = claim_events.map({
         let ctx = ctx.clone();
         move |claim| {
@@ -1157,18 +1142,25 @@ fn binding_controller(
             claim
         }
     });
-    let (sandboxes, sandbox_events) =
-        cached_watch::<Sandbox>(client, ns, watcher::Config::default(), &gate, "sandboxes");
+    let (sandboxes, sandbox_events) = cached_watch::<Sandbox>(
+        client,
+        ns,
+        watcher::Config::default(),
+        &gate,
+        "sandboxes",
+        strip_managed_fields,
+    );
     // Only pods Agent Sandbox made (it labels each with its Sandbox's name hash): the
     // cache holds none of the cluster's other pods.
     let pods_config = watcher::Config::default().labels(SANDBOX_POD_LABEL);
-    let (pods, pod_events) = slim_watch(client, ns, pods_config, &gate, "pods", slim_pod);
+    let (pods, pod_events) = cached_watch(client, ns, pods_config, &gate, "pods", slim_pod);
     let (profiles, profile_events) = cached_watch::<SandboxProfile>(
         client,
         ns,
         watcher::Config::default(),
         &gate,
         "sandboxprofiles",
+        strip_managed_fields,
     );
     ctx.set_caches(Some(Caches {
         claims: claims.clone(),
