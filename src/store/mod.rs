@@ -247,7 +247,9 @@ pub trait ThreadStateStore: NativeStore + Send + Sync {
     /// `request.state_id` is replaced by the new state's id); with `index`, also stores
     /// `payload` as that native object (an upsert). A backend that can runs all of it in
     /// one transaction, so a refused commit leaves nothing behind and the turn costs one
-    /// durable write; this default runs the steps one after the other.
+    /// durable write; this default runs the steps one after the other. Both backends
+    /// override it so that the object refers to the committed state for its body
+    /// instead of holding a second copy.
     async fn write_and_commit(
         &self,
         scope: &StateScope,

@@ -1512,6 +1512,64 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
         Some(b"one".to_vec()),
         "the index object holds the committed body"
     );
+    // The body is stored once: the index object refers to the committed state. Every
+    // read path resolves it, the metadata is the body's, and a later put of the
+    // object's own replaces the reference (and a later indexed commit replaces that).
+    let listed = store
+        .list_objects(
+            &scope,
+            &ObjectQuery {
+                prefix: "idx/".into(),
+                before: None,
+                limit: 10,
+                with_bodies: true,
+            },
+        )
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].body.as_deref(), Some(&b"one"[..]));
+    assert_eq!(listed[0].meta.size, 3);
+    assert_eq!(listed[0].meta.version, 1);
+    let own = store
+        .put_object(&scope, "idx/one", b"replaced", PutMode::Upsert)
+        .await
+        .expect("put over an index object");
+    assert_eq!(own.version, 2);
+    assert_eq!(
+        store
+            .get_object(&scope, "idx/one")
+            .await
+            .expect("get")
+            .and_then(|o| o.body),
+        Some(b"replaced".to_vec())
+    );
+    assert_eq!(
+        store
+            .read_state(&scope, &pending.state_id)
+            .await
+            .expect("read"),
+        Some(b"one".to_vec()),
+        "the committed state keeps its body"
+    );
+    let (_, second) = store
+        .write_and_commit(
+            &scope,
+            b"second body",
+            &key(&scope, "second"),
+            &commit("", 1, "run-1b"),
+            Some("idx/one"),
+        )
+        .await
+        .expect("a second indexed commit");
+    assert_eq!(second.revision, 2);
+    let again = store
+        .get_object(&scope, "idx/one")
+        .await
+        .expect("get")
+        .expect("the index object");
+    assert_eq!(again.body.as_deref(), Some(&b"second body"[..]));
+    assert_eq!((again.meta.version, again.meta.size), (3, 11));
     assert_eq!(
         code(
             store
@@ -1550,7 +1608,7 @@ pub async fn write_and_commit_is_a_turn_in_one_call<S: Store + ?Sized>(store: &S
             .await
             .expect("load")
             .map(|h| h.revision),
-        Some(1),
+        Some(2),
         "refused calls leave the head alone"
     );
     assert!(

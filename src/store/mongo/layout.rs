@@ -284,6 +284,9 @@ pub(super) struct ObjectView {
     pub updated_at: DateTime,
     #[serde(default)]
     pub body: Option<mongodb::bson::Binary>,
+    /// The state document holding the body instead (an indexed commit).
+    #[serde(default)]
+    pub body_state: Option<String>,
 }
 
 pub(super) fn object_meta_projection() -> Document {

@@ -8,7 +8,7 @@ use futures::{
     TryStreamExt,
     future::{join, join_all, try_join, try_join3},
 };
-use mongodb::bson::{Binary, Document, doc, oid::ObjectId, spec::BinarySubtype};
+use mongodb::bson::{Binary, Bson, Document, doc, oid::ObjectId, spec::BinarySubtype};
 
 use super::{
     CAS_ATTEMPTS, MongoContext, MongoStore,
@@ -18,14 +18,15 @@ use super::{
     count, duplicate_indexes, int, is_duplicate_key,
     layout::{
         EntryView, KIND_ENTRY, KIND_OBJECT, KIND_STREAM, ObjectView, StreamView, decode, dt,
-        entry_doc_id, object_doc_id, object_meta_projection, prefix_successor, stream_doc_id,
+        entry_doc_id, object_doc_id, object_meta_projection, prefix_successor, state_doc_id,
+        stream_doc_id,
     },
     uint,
 };
 use crate::{
     domain::{
         ids::content_digest,
-        state::{Rejection, StateScope, check_key},
+        state::{PendingStateRef, Rejection, StateScope, check_key},
     },
     store::{
         AppendOutcome, NewEntry, ObjectMeta, ObjectQuery, PutMode, Result, StoreError, StoredEntry,
@@ -79,7 +80,12 @@ struct ObjectWrite<'a> {
     scope: &'a StateScope,
     doc_id: String,
     key: &'a str,
+    /// Empty when the body is the state document `body_state`.
     body: &'a [u8],
+    /// The `_id` of the state document holding the body (an indexed commit, which
+    /// stores a checkpoint body once), or `None` for a body of the object's own.
+    body_state: Option<String>,
+    size: u64,
     digest: String,
     now: i64,
     write_id: ObjectId,
@@ -90,7 +96,8 @@ impl ObjectWrite<'_> {
     fn replacement(&self) -> Result<Document> {
         Ok(doc! {
             "body": body_bson(self.body),
-            "size": int("size", count(self.body.len()))?,
+            "body_state": self.body_state.as_deref(),
+            "size": int("size", self.size)?,
             "content_digest": &self.digest,
             "updated_at": dt(self.now),
             "lease_generation": int("lease generation", self.scope.lease_generation)?,
@@ -117,7 +124,7 @@ impl ObjectWrite<'_> {
         ObjectMeta {
             key: self.key.to_owned(),
             version,
-            size: count(self.body.len()),
+            size: self.size,
             content_digest: self.digest.clone(),
             updated_at_ms: self.now,
         }
@@ -143,6 +150,8 @@ impl MongoStore {
             doc_id: object_doc_id(&scope.binding_id, int("epoch", scope.epoch)?, key),
             key,
             body,
+            body_state: None,
+            size: count(body.len()),
             digest: content_digest(body),
             now: now_ms(),
             write_id: ObjectId::new(),
@@ -157,6 +166,82 @@ impl MongoStore {
             }
             PutMode::Upsert => self.upsert_object(&write).await,
         }
+    }
+
+    /// The object put of an indexed commit (`write_and_commit` with an index key): an
+    /// upsert whose body is the committed state document's, referred to rather than
+    /// copied. State documents of an epoch outlive its objects (they are deleted only
+    /// with the epoch or the binding, and a committed one is never purged).
+    pub(super) async fn index_state_impl(
+        &self,
+        scope: &StateScope,
+        key: &str,
+        state: &PendingStateRef,
+    ) -> Result<ObjectMeta> {
+        self.rate_check(&scope.binding_id)?;
+        let _serial = self.exclusive(&scope.binding_id).await;
+        let epoch = int("epoch", scope.epoch)?;
+        let write = ObjectWrite {
+            scope,
+            doc_id: object_doc_id(&scope.binding_id, epoch, key),
+            key,
+            body: &[],
+            body_state: Some(state_doc_id(&scope.binding_id, epoch, &state.state_id)),
+            size: state.size,
+            digest: state.content_digest.clone(),
+            now: now_ms(),
+            write_id: ObjectId::new(),
+        };
+        self.upsert_object(&write).await
+    }
+
+    /// Objects with their bodies, the bodies of objects that refer to a state document
+    /// read from it (one query for all of them).
+    async fn with_bodies(&self, views: Vec<ObjectView>) -> Result<Vec<StoredObject>> {
+        let refs: Vec<&str> = views
+            .iter()
+            .filter_map(|v| v.body_state.as_deref())
+            .collect();
+        let mut states: HashMap<String, Vec<u8>> = HashMap::new();
+        if !refs.is_empty() {
+            let found = self
+                .state
+                .find(doc! { "_id": { "$in": &refs } })
+                .projection(doc! { "body": 1 })
+                .await
+                .ctx("reading the state bodies of objects")?
+                .try_collect::<Vec<Document>>()
+                .await
+                .ctx("reading the state bodies of objects")?;
+            for mut d in found {
+                let id = d
+                    .get_str("_id")
+                    .map_err(|e| super::corrupt("state id", e))?
+                    .to_owned();
+                match d.remove("body") {
+                    Some(Bson::Binary(body)) => {
+                        states.insert(id, body.bytes);
+                    }
+                    other => return Err(super::corrupt("state body", format!("{other:?}"))),
+                }
+            }
+        }
+        views
+            .into_iter()
+            .map(|view| {
+                let meta = meta_of(&view)?;
+                let body = match &view.body_state {
+                    None => view.body.map(|b| b.bytes),
+                    Some(state) => Some(states.get(state).cloned().ok_or_else(|| {
+                        super::corrupt(
+                            "object body",
+                            format!("object {} refers to a missing state", view.key),
+                        )
+                    })?),
+                };
+                Ok(StoredObject { meta, body })
+            })
+            .collect()
     }
 
     /// `Create`, and `Replace` of version 0 ("must be absent"). An identical body at
@@ -414,11 +499,7 @@ impl MongoStore {
         let (_, found) = try_join(self.admit(scope), read).await?;
         let Some(found) = found else { return Ok(None) };
         let view: ObjectView = decode("object", found)?;
-        let meta = meta_of(&view)?;
-        Ok(Some(StoredObject {
-            meta,
-            body: view.body.map(|b| b.bytes),
-        }))
+        Ok(self.with_bodies(vec![view]).await?.pop())
     }
 
     pub(super) async fn list_objects_impl(
@@ -436,6 +517,7 @@ impl MongoStore {
         let mut projection = object_meta_projection();
         if query.with_bodies {
             projection.insert("body", 1);
+            projection.insert("body_state", 1);
         }
         let list = async {
             self.state
@@ -450,13 +532,19 @@ impl MongoStore {
                 .ctx("listing objects")
         };
         let (_, found) = try_join(self.admit(scope), list).await?;
-        found
+        let views = found
             .into_iter()
-            .map(|d| {
-                let view: ObjectView = decode("object", d)?;
+            .map(|d| decode::<ObjectView>("object", d))
+            .collect::<Result<Vec<_>>>()?;
+        if query.with_bodies {
+            return self.with_bodies(views).await;
+        }
+        views
+            .into_iter()
+            .map(|view| {
                 Ok(StoredObject {
                     meta: meta_of(&view)?,
-                    body: view.body.map(|b| b.bytes),
+                    body: None,
                 })
             })
             .collect()

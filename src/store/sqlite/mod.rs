@@ -563,20 +563,15 @@ impl ThreadStateStore for SqliteStore {
             crate::store::checks::object(&self.limits, key, payload)?;
         }
         let scope = self.scoped_write(scope)?;
-        let digest = content_digest(payload);
         let write = state::NativeWrite {
-            content_digest: digest.clone(),
+            content_digest: content_digest(payload),
             payload: payload.to_vec(),
             idempotency: idempotency.clone(),
             max_pending: self.limits.max_pending_entries,
         };
-        let put = index.map(|key| native::Put {
-            key: key.to_owned(),
-            content_digest: digest,
-            body: payload.to_vec(),
-            mode: PutMode::Upsert,
-            max_objects: self.limits.max_objects,
-        });
+        // The object refers to the state row instead of holding a second copy of the body.
+        let index = index.map(str::to_owned);
+        let max_objects = self.limits.max_objects;
         // The state id is not known yet: checked with a placeholder of the same shape,
         // replaced inside the job once the pending write has made it.
         let mut commit = self.prepare_commit(&CommitRequest {
@@ -590,7 +585,17 @@ impl ThreadStateStore for SqliteStore {
                 let pending = state::write_native_state(conn, &scope, write, now)?;
                 commit.request.state_id = pending.state_id.clone();
                 let head = state::commit_head(conn, &scope, commit, now)?;
-                if let Some(put) = put {
+                if let Some(key) = index {
+                    let put = native::Put {
+                        key,
+                        content_digest: pending.content_digest.clone(),
+                        body: native::Body::State {
+                            state_id: pending.state_id.clone(),
+                            size: pending.size,
+                        },
+                        mode: PutMode::Upsert,
+                        max_objects,
+                    };
                     native::put_object(conn, &scope, put, now)?;
                 }
                 Ok((pending, head))
@@ -651,7 +656,7 @@ impl NativeStore for SqliteStore {
         let put = native::Put {
             key: key.to_owned(),
             content_digest: content_digest(body),
-            body: body.to_vec(),
+            body: native::Body::Inline(body.to_vec()),
             mode,
             max_objects: self.limits.max_objects,
         };

@@ -48,13 +48,63 @@ fn upper_bound(prefix: &str, before: Option<&str>) -> Option<String> {
     }
 }
 
+/// Where a put's body is stored.
+pub(super) enum Body {
+    /// In the object row.
+    Inline(Vec<u8>),
+    /// In the binding's state row of this id, written in the same transaction
+    /// (`write_and_commit` with an index key): the object row holds the reference, so a
+    /// checkpoint body is stored once. A state row outlives every object that refers to
+    /// it: state of the current epoch is deleted only with its epoch or binding (which
+    /// delete the epoch's objects too), and committed state is never purged.
+    State { state_id: String, size: u64 },
+}
+
+impl Body {
+    fn size(&self) -> u64 {
+        match self {
+            Self::Inline(body) => super::count(body.len()),
+            Self::State { size, .. } => *size,
+        }
+    }
+
+    /// The row's `body` and `body_state` columns.
+    fn columns(self) -> (Vec<u8>, Option<String>) {
+        match self {
+            Self::Inline(body) => (body, None),
+            Self::State { state_id, .. } => (Vec::new(), Some(state_id)),
+        }
+    }
+}
+
 /// A put, prepared outside the writer.
 pub(super) struct Put {
     pub key: String,
     pub content_digest: String,
-    pub body: Vec<u8>,
+    pub body: Body,
     pub mode: PutMode,
     pub max_objects: u64,
+}
+
+/// An object's body: its own, or the state row it refers to (`Body::State`), as an SQL
+/// expression over the object table aliased `o` (a macro, so that statements stay
+/// `&'static str` through `concat!`).
+macro_rules! object_body {
+    () => {
+        "CASE WHEN o.body_state IS NULL THEN o.body ELSE (SELECT s.body FROM harness_session_state AS s \
+         WHERE s.binding_id = o.binding_id AND s.state_id = o.body_state) END"
+    };
+}
+
+/// Reads the body column `i` of a row selected with `object_body!()`.
+fn body_at(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Vec<u8>> {
+    row.get::<_, Option<Vec<u8>>>(i)?.ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Null,
+            "an object refers to a state row that is missing".into(),
+        )
+    })
 }
 
 fn object_meta(key: String, row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<ObjectMeta> {
@@ -124,16 +174,17 @@ pub(super) fn put_object(
         }
         (PutMode::Create | PutMode::Upsert, _) => {}
     }
-    let size = super::count(put.body.len());
+    let size = put.body.size();
+    let (body, body_state) = put.body.columns();
     let meta = match current {
         Some(existing) => {
             let version = existing.version.saturating_add(1);
             conn.prepare_cached(
-                "UPDATE harness_objects SET version = ?4, size = ?5, content_digest = ?6, updated_at_ms = ?7, body = ?8 \
-                 WHERE binding_id = ?1 AND epoch = ?2 AND key = ?3",
+                "UPDATE harness_objects SET version = ?4, size = ?5, content_digest = ?6, updated_at_ms = ?7, body = ?8, \
+                 body_state = ?9 WHERE binding_id = ?1 AND epoch = ?2 AND key = ?3",
             )
             .ctx("preparing the object update")?
-            .execute(params![id, epoch, put.key, sql_int("version", version)?, sql_int("size", size)?, put.content_digest, now, put.body])
+            .execute(params![id, epoch, put.key, sql_int("version", version)?, sql_int("size", size)?, put.content_digest, now, body, body_state])
             .ctx("replacing an object")?;
             touch(conn, id, now)?;
             ObjectMeta {
@@ -160,11 +211,11 @@ pub(super) fn put_object(
                 .into());
             }
             conn.prepare_cached(
-                "INSERT INTO harness_objects (binding_id, epoch, key, version, size, content_digest, updated_at_ms, body) \
-                 VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, ?7)",
+                "INSERT INTO harness_objects (binding_id, epoch, key, version, size, content_digest, updated_at_ms, body, body_state) \
+                 VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6, ?7, ?8)",
             )
             .ctx("preparing the object insert")?
-            .execute(params![id, epoch, put.key, sql_int("size", size)?, put.content_digest, now, put.body])
+            .execute(params![id, epoch, put.key, sql_int("size", size)?, put.content_digest, now, body, body_state])
             .ctx("creating an object")?;
             conn.prepare_cached(
                 "UPDATE harness_sessions SET object_count = object_count + 1, updated_at_ms = max(updated_at_ms, ?2) WHERE id = ?1",
@@ -190,15 +241,16 @@ pub(super) fn get_object(
     key: &str,
 ) -> Result<Option<StoredObject>> {
     let epoch = admit(conn, scope)?;
-    conn.prepare_cached(
-        "SELECT version, size, content_digest, updated_at_ms, body FROM harness_objects \
-         WHERE binding_id = ?1 AND epoch = ?2 AND key = ?3",
-    )
+    conn.prepare_cached(concat!(
+        "SELECT o.version, o.size, o.content_digest, o.updated_at_ms, ",
+        object_body!(),
+        " FROM harness_objects AS o WHERE o.binding_id = ?1 AND o.epoch = ?2 AND o.key = ?3",
+    ))
     .ctx("preparing the object read")?
     .query_row(params![scope.id(), epoch, key], |r| {
         Ok(StoredObject {
             meta: object_meta(key.to_owned(), r, 0)?,
-            body: Some(r.get(4)?),
+            body: Some(body_at(r, 4)?),
         })
     })
     .optional()
@@ -216,18 +268,22 @@ pub(super) fn list_objects(
     // Four static statements rather than `?4 IS NULL OR key < ?4`, which would hide the
     // upper bound from the planner; bodies are only read (from overflow pages) when asked.
     let sql = match (upper.is_some(), query.with_bodies) {
-        (true, true) => {
-            "SELECT key, version, size, content_digest, updated_at_ms, body FROM harness_objects \
-             WHERE binding_id = ?1 AND epoch = ?2 AND key >= ?3 AND key < ?5 ORDER BY key DESC LIMIT ?4"
-        }
+        (true, true) => concat!(
+            "SELECT o.key, o.version, o.size, o.content_digest, o.updated_at_ms, ",
+            object_body!(),
+            " FROM harness_objects AS o \
+             WHERE o.binding_id = ?1 AND o.epoch = ?2 AND o.key >= ?3 AND o.key < ?5 ORDER BY o.key DESC LIMIT ?4"
+        ),
         (true, false) => {
             "SELECT key, version, size, content_digest, updated_at_ms FROM harness_objects \
              WHERE binding_id = ?1 AND epoch = ?2 AND key >= ?3 AND key < ?5 ORDER BY key DESC LIMIT ?4"
         }
-        (false, true) => {
-            "SELECT key, version, size, content_digest, updated_at_ms, body FROM harness_objects \
-             WHERE binding_id = ?1 AND epoch = ?2 AND key >= ?3 ORDER BY key DESC LIMIT ?4"
-        }
+        (false, true) => concat!(
+            "SELECT o.key, o.version, o.size, o.content_digest, o.updated_at_ms, ",
+            object_body!(),
+            " FROM harness_objects AS o \
+             WHERE o.binding_id = ?1 AND o.epoch = ?2 AND o.key >= ?3 ORDER BY o.key DESC LIMIT ?4"
+        ),
         (false, false) => {
             "SELECT key, version, size, content_digest, updated_at_ms FROM harness_objects \
              WHERE binding_id = ?1 AND epoch = ?2 AND key >= ?3 ORDER BY key DESC LIMIT ?4"
@@ -245,7 +301,11 @@ pub(super) fn list_objects(
     let rows = stmt
         .query_map(bound.as_slice(), |r| {
             let meta = object_meta(r.get(0)?, r, 1)?;
-            let body = if with_bodies { Some(r.get(5)?) } else { None };
+            let body = if with_bodies {
+                Some(body_at(r, 5)?)
+            } else {
+                None
+            };
             Ok(StoredObject { meta, body })
         })
         .ctx("listing objects")?;

@@ -10,7 +10,15 @@ use super::{SqlContext, SqliteError};
 use crate::store::StoreError;
 
 /// The schema this build reads and writes.
-pub(super) const SCHEMA_VERSION: i64 = 4;
+pub(super) const SCHEMA_VERSION: i64 = 5;
+
+/// Version 5: an object can refer to a state row of its binding for its body
+/// (`body_state`; its own `body` is then empty). `write_and_commit` with an index key
+/// (the LangGraph checkpoint: committed state and indexed object of one body) stores
+/// the body once instead of twice.
+const SCHEMA_V5: &str = r"
+ALTER TABLE harness_objects ADD COLUMN body_state TEXT;
+";
 
 /// Version 4: the pending-entry bound reads a partial index of pending entries only,
 /// instead of an index over every state row. That index took one more page write per
@@ -231,7 +239,7 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         .ctx("reading user_version")?;
     match found {
         SCHEMA_VERSION => return Ok(()),
-        0..=3 => {
+        0..=4 => {
             if found == 0 {
                 tx.execute_batch(SCHEMA_V1)
                     .ctx("creating schema version 1")?;
@@ -246,8 +254,12 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
                 tx.execute_batch(super::ledger::SCHEMA_V3)
                     .ctx("creating schema version 3")?;
             }
-            tx.execute_batch(SCHEMA_V4)
-                .ctx("migrating to schema version 4")?;
+            if found <= 3 {
+                tx.execute_batch(SCHEMA_V4)
+                    .ctx("migrating to schema version 4")?;
+            }
+            tx.execute_batch(SCHEMA_V5)
+                .ctx("migrating to schema version 5")?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .ctx("writing user_version")?;
         }

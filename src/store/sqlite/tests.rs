@@ -148,13 +148,16 @@ async fn a_newer_schema_is_refused() {
 /// at version 4: the all-rows state index is gone, the pending-only one is there, and
 /// the pending entry still counts against the bound and commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_3_database_migrates_to_4() {
+async fn a_version_3_database_migrates_to_the_current_schema() {
     let dir = TempDir::new("v3");
     let pending = {
         let store = store(&dir).await;
         let scope = binding(&store, "v3").await;
         let digest = keyring().idempotency_digest(&scope.binding_id, "state.write", "k1");
         let pending = ok(store.write_native_state(&scope, b"body", &digest).await);
+        ok(store
+            .put_object(&scope, "before", b"object body", PutMode::Create)
+            .await);
         (scope, pending)
     };
     let sql = |conn: &Connection, q: &str| -> i64 {
@@ -162,19 +165,24 @@ async fn a_version_3_database_migrates_to_4() {
             .unwrap_or_else(|e| panic!("{q}: {e}"))
     };
     let index = "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ";
+    let column =
+        "SELECT count(*) FROM pragma_table_info('harness_objects') WHERE name = 'body_state'";
     {
+        // What version 3 had: the index over every state row, no object body reference.
         let conn = Connection::open(dir.db()).unwrap_or_else(|e| panic!("{e}"));
         conn.execute_batch(
             "DROP INDEX harness_session_state_pending;
              CREATE INDEX harness_session_state_epoch ON harness_session_state (binding_id, epoch, committed);
+             ALTER TABLE harness_objects DROP COLUMN body_state;
              PRAGMA user_version = 3;",
         )
         .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sql(&conn, column), 0);
     }
     let store = store(&dir).await;
     {
         let conn = Connection::open(dir.db()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(sql(&conn, "PRAGMA user_version"), 4);
+        assert_eq!(sql(&conn, "PRAGMA user_version"), schema::SCHEMA_VERSION);
         assert_eq!(
             sql(&conn, &format!("{index}'harness_session_state_epoch'")),
             0
@@ -183,8 +191,14 @@ async fn a_version_3_database_migrates_to_4() {
             sql(&conn, &format!("{index}'harness_session_state_pending'")),
             1
         );
+        assert_eq!(sql(&conn, column), 1);
     }
     let (scope, pending) = pending;
+    let before = ok(store.get_object(&scope, "before").await);
+    assert_eq!(
+        before.and_then(|o| o.body).as_deref(),
+        Some(&b"object body"[..])
+    );
     let head = ok(store
         .commit_head(
             &scope,
@@ -198,6 +212,44 @@ async fn a_version_3_database_migrates_to_4() {
         )
         .await);
     assert_eq!(head.revision, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexed_commit_stores_its_body_once() {
+    let dir = TempDir::new("once");
+    let store = store(&dir).await;
+    let scope = binding(&store, "once").await;
+    let body = vec![7u8; 64 << 10];
+    let (pending, _) = ok(store
+        .write_and_commit(
+            &scope,
+            &body,
+            &digest(&scope, "k1"),
+            &commit("", 0, "run-1"),
+            Some("lg/t/n/1"),
+        )
+        .await);
+    let conn = Connection::open(dir.db()).unwrap_or_else(|e| panic!("{e}"));
+    let (object_bytes, body_state): (i64, Option<String>) = conn
+        .query_row(
+            "SELECT length(body), body_state FROM harness_objects WHERE key = 'lg/t/n/1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(object_bytes, 0, "the object row holds no copy of the body");
+    assert_eq!(body_state.as_deref(), Some(pending.state_id.as_str()));
+    let stored: i64 = conn
+        .query_row(
+            "SELECT (SELECT sum(length(body)) FROM harness_session_state) + \
+                    (SELECT sum(length(body)) FROM harness_objects)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stored, 64 << 10, "one copy in the whole database");
+    let read = ok(store.get_object(&scope, "lg/t/n/1").await);
+    assert_eq!(read.and_then(|o| o.body), Some(body));
 }
 
 #[test]

@@ -14,7 +14,8 @@ under it):
 - the head: every `put` writes the record as native state and commits it with a
   compare-and-set on the durable revision the saver last saw (spec 000, commit
   protocol, steps 3 and 4), storing the object in the same call
-  (`state/commit-inline?index_key=...`, one store transaction on SQLite). Two writers on one binding therefore
+  (`state/commit-inline?index_key=...`, one store transaction on SQLite; the object refers
+  to the committed state, so the body is stored once). Two writers on one binding therefore
   cannot both extend it: the second gets `RevisionConflict`, a replaced worker gets
   `StaleLease`, and neither leaves a checkpoint behind. Maintenance calls (delete,
   copy, prune) commit a small record too, so the head is the one linearization point.
