@@ -39,13 +39,17 @@ pub(super) fn write_native_state(
 ) -> Result<PendingStateRef> {
     let epoch = admit(conn, scope)?;
     let id = scope.id();
+    // The state id is cut from the idempotency digest, so the primary key finds the row a
+    // key made (schema 6 has no second index on the digest: one index page fewer to
+    // write per binding in every group commit).
+    let state_id = pending_state_id(&write.idempotency);
     let existing = conn
         .prepare_cached(
-            "SELECT epoch, state_id, codec, size, content_digest FROM harness_session_state \
-             WHERE binding_id = ?1 AND idempotency_digest = ?2",
+            "SELECT epoch, idempotency_digest, codec, size, content_digest FROM harness_session_state \
+             WHERE binding_id = ?1 AND state_id = ?2",
         )
         .ctx("preparing the idempotency lookup")?
-        .query_row(params![id, write.idempotency.as_str()], |r| {
+        .query_row(params![id, state_id], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
@@ -56,8 +60,15 @@ pub(super) fn write_native_state(
         })
         .optional()
         .ctx("looking up the idempotency key")?;
-    if let Some((row_epoch, state_id, codec, size, content_digest)) = existing {
+    if let Some((row_epoch, row_key, codec, size, content_digest)) = existing {
         if row_epoch == epoch {
+            if row_key != write.idempotency.as_str() {
+                // Two digests sharing the 128-bit prefix the state id is cut from.
+                return Err(Rejection::Conflict {
+                    what: format!("state id {state_id} is taken by another idempotency key"),
+                }
+                .into());
+            }
             // A retry: the same key must carry the same payload (and codec).
             if content_digest == write.content_digest && codec == scope.codec {
                 return Ok(PendingStateRef {
@@ -71,10 +82,10 @@ pub(super) fn write_native_state(
             return Err(Rejection::IdempotencyMismatch.into());
         }
         // A row of an older epoch that a clear has not purged yet: it can never be read
-        // or committed again, so it does not hold the key against the new epoch.
-        conn.prepare_cached("DELETE FROM harness_session_state WHERE binding_id = ?1 AND idempotency_digest = ?2 AND epoch < ?3")
+        // or committed again, so it does not hold the id against the new epoch.
+        conn.prepare_cached("DELETE FROM harness_session_state WHERE binding_id = ?1 AND state_id = ?2 AND epoch < ?3")
             .ctx("preparing the stale-key delete")?
-            .execute(params![id, write.idempotency.as_str(), epoch])
+            .execute(params![id, state_id, epoch])
             .ctx("dropping a cleared epoch's state")?;
     }
     let pending: u64 = conn
@@ -89,7 +100,6 @@ pub(super) fn write_native_state(
         }
         .into());
     }
-    let state_id = pending_state_id(&write.idempotency);
     let size = super::count(write.payload.len());
     let inserted = conn
         .prepare_cached(
@@ -110,7 +120,8 @@ pub(super) fn write_native_state(
         ]);
     match inserted {
         Ok(_) => {}
-        // Two digests sharing the 128-bit prefix the state id is cut from.
+        // The lookup above found no row of this id and the writer is the only one, so
+        // this is not expected; should it happen, it is a refusal, not a backend error.
         Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
             return Err(Rejection::Conflict {
                 what: format!("state id {state_id} is taken by another idempotency key"),

@@ -173,6 +173,7 @@ async fn a_version_3_database_migrates_to_the_current_schema() {
         conn.execute_batch(
             "DROP INDEX harness_session_state_pending;
              CREATE INDEX harness_session_state_epoch ON harness_session_state (binding_id, epoch, committed);
+             CREATE UNIQUE INDEX harness_session_state_key ON harness_session_state (binding_id, idempotency_digest);
              ALTER TABLE harness_objects DROP COLUMN body_state;
              PRAGMA user_version = 3;",
         )
@@ -192,8 +193,30 @@ async fn a_version_3_database_migrates_to_the_current_schema() {
             1
         );
         assert_eq!(sql(&conn, column), 1);
+        assert_eq!(
+            sql(
+                &conn,
+                "SELECT count(*) FROM pragma_index_list('harness_session_state') WHERE \"unique\" = 1"
+            ),
+            1,
+            "the primary key is the state table's only unique index"
+        );
+        assert_eq!(
+            sql(
+                &conn,
+                &format!("{index}'harness_session_state_pending_age'")
+            ),
+            1
+        );
     }
     let (scope, pending) = pending;
+    let retried = ok(store
+        .write_native_state(&scope, b"body", &digest(&scope, "k1"))
+        .await);
+    assert_eq!(
+        retried.state_id, pending.state_id,
+        "the key still finds its state"
+    );
     let before = ok(store.get_object(&scope, "before").await);
     assert_eq!(
         before.and_then(|o| o.body).as_deref(),
@@ -626,6 +649,16 @@ async fn hot_statements_use_indexes() {
         (
             "DELETE FROM harness_streams WHERE binding_id = ?1 AND epoch = ?2 AND stream >= ?3 AND stream < ?4",
             "stream>? AND stream<?",
+        ),
+        (
+            "SELECT epoch, idempotency_digest, codec, size, content_digest FROM harness_session_state \
+             WHERE binding_id = ?1 AND state_id = ?2",
+            "binding_id=? AND state_id=?",
+        ),
+        (
+            "SELECT o.version, (SELECT s.body FROM harness_session_state AS s WHERE s.binding_id = o.binding_id \
+             AND s.state_id = o.body_state) FROM harness_objects AS o WHERE o.binding_id = ?1 AND o.epoch = ?2 AND o.key = ?3",
+            "binding_id=? AND epoch=? AND key=?",
         ),
         (
             "SELECT count(*) FROM harness_session_state WHERE binding_id = ?1 AND epoch = ?2 AND committed = 0",
