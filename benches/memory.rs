@@ -11,7 +11,10 @@
 //!   index) would have offered;
 //! - put throughput through the full write pipeline (authorize, validate, scan, redact,
 //!   approval) and the store's compare-and-set with its audit record, 64 writers at once,
-//!   every put durable (fsynced) before it is acknowledged.
+//!   every put durable (fsynced) before it is acknowledged; and in the same run, the
+//!   baseline: the same bytes per put (text and embedding) written durably by as many
+//!   writers through the same single writer and group commit into a table with no
+//!   index, full-text index, audit record or pipeline (`store::sqlite::baseline`).
 //!
 //! Seeding goes straight to the store (`load_memories`, batches of 5,000 per transaction),
 //! not over HTTP. Memory text is synthetic: 12 words per memory drawn from a 5,000-word
@@ -43,7 +46,7 @@ use harness_engine::{
         MemoryStore,
         memory::{CandidateQuery, MemoryPut},
         now_ms,
-        sqlite::SqliteStore,
+        sqlite::{SqliteStore, baseline::Baseline},
     },
 };
 
@@ -410,6 +413,45 @@ fn main() {
         let put_s = put_started.elapsed().as_secs_f64();
         put_lat.sort_by(f64::total_cmp);
 
+        // The baseline, right after: the same bytes per put through the same writer and
+        // group commit, into an otherwise empty database with one table and no index.
+        let baseline = Arc::new(
+            Baseline::open(&scratch.path().join("baseline.db"))
+                .await
+                .unwrap_or_else(|e| fail(&format!("baseline: {e}"))),
+        );
+        let deadline = Instant::now() + s.put_duration;
+        let base_started = Instant::now();
+        let tasks: Vec<_> = (0..s.writers)
+            .map(|w| {
+                let (baseline, words, topics) = (baseline.clone(), words.clone(), topics.clone());
+                tokio::spawn(async move {
+                    let zipf = Zipf::new(VOCABULARY);
+                    let mut rng = Rng(0xA076_1D64_78BD_642F ^ (w as u64 + 1));
+                    let mut latencies = Vec::new();
+                    while Instant::now() < deadline {
+                        let namespace = format!("ns-{}", rng.next() % 1_000);
+                        let t = Instant::now();
+                        let mut bytes = text(&mut rng, &zipf, &words).into_bytes();
+                        bytes.extend(topics.embedding(&mut rng).iter().flat_map(|x| x.to_le_bytes()));
+                        baseline
+                            .write(&namespace, &bytes)
+                            .await
+                            .unwrap_or_else(|e| fail(&format!("baseline put: {e}")));
+                        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                    latencies
+                })
+            })
+            .collect();
+        let mut base_lat = Vec::new();
+        for t in tasks {
+            base_lat.extend(t.await.unwrap_or_else(|e| fail(&format!("baseline writer: {e}"))));
+        }
+        let base_s = base_started.elapsed().as_secs_f64();
+        base_lat.sort_by(f64::total_cmp);
+        let base_per_s = base_lat.len() as f64 / base_s;
+
         let puts_per_s = put_lat.len() as f64 / put_s;
         println!();
         println!("memory bench ({}), embedded SQLite store", if full { "full" } else { "smoke" });
@@ -419,6 +461,8 @@ fn main() {
         println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12}", "search (budget 400 tokens)", budgeted.len(), percentile(&budgeted, 0.5), percentile(&budgeted, 0.99), "");
         println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12}", format!("search by embedding ({DIMS} dims)"), vector_lat.len(), percentile(&vector_lat, 0.5), percentile(&vector_lat, 0.99), "");
         println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12.0}", format!("put ({} writers, pipeline + CAS)", s.writers), put_lat.len(), percentile(&put_lat, 0.5), percentile(&put_lat, 0.99), puts_per_s);
+        println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12.0}", format!("put baseline ({} writers, no protocol)", s.writers), base_lat.len(), percentile(&base_lat, 0.5), percentile(&base_lat, 0.99), base_per_s);
+        println!("puts: {:.2} of the baseline (the same bytes through the same writer, no indexes, no pipeline)", puts_per_s / base_per_s.max(f64::MIN_POSITIVE));
         println!("mean hits per top-10 search: {:.1}; mean budget utilisation: {:.3}", hits as f64 / plain.len().max(1) as f64, utilisation / budgeted.len().max(1) as f64);
         println!("embedding search: recall@10 against exact cosine over the namespace {recall:.3} (the 256 most recent records, what search offered before the index: {recent_recall:.3}); first search, building the index of {} vectors: {build_ms:.0} ms", s.in_namespace);
         json.insert("vector_dims".into(), DIMS.into());
@@ -446,6 +490,10 @@ fn main() {
         json.insert("puts_per_s".into(), puts_per_s.into());
         json.insert("put_p50_ms".into(), percentile(&put_lat, 0.5).into());
         json.insert("put_p99_ms".into(), percentile(&put_lat, 0.99).into());
+        json.insert("baseline_puts_per_s".into(), base_per_s.into());
+        json.insert("baseline_put_p50_ms".into(), percentile(&base_lat, 0.5).into());
+        json.insert("baseline_put_p99_ms".into(), percentile(&base_lat, 0.99).into());
+        json.insert("puts_of_baseline".into(), (puts_per_s / base_per_s.max(f64::MIN_POSITIVE)).into());
     });
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&out);
