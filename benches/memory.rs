@@ -26,6 +26,7 @@
 //! same figures as flat JSON to `target/bench/memory.json`.
 
 use std::{
+    collections::HashSet,
     path::Path,
     sync::Arc,
     time::{Duration, Instant},
@@ -45,10 +46,14 @@ use harness_engine::{
     store::{
         MemoryStore,
         memory::{CandidateQuery, MemoryPut},
+        mongo::MongoStore,
         now_ms,
         sqlite::{SqliteStore, baseline::Baseline},
     },
 };
+
+#[path = "support/ferret.rs"]
+mod ferret;
 
 const VOCABULARY: usize = 5_000;
 const WORDS_PER_MEMORY: usize = 12;
@@ -319,43 +324,14 @@ fn main() {
         // Search with an embedding: a memory's embedding plus noise (a paraphrase). The
         // first search builds the namespace's index and is reported on its own.
         let queries = s.searches / 4;
-        let mut vector_lat = Vec::with_capacity(queries);
-        let mut recall_sum = 0.0;
-        let mut recent_recall_sum = 0.0;
-        let mut build_ms = 0.0;
         // What the search offered before the index: the namespace's 256 most recent.
-        let recent: std::collections::HashSet<usize> = {
+        let recent: HashSet<usize> = {
             let mut order: Vec<usize> = (0..target_updated.len()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(target_updated[i]));
             order.into_iter().take(256).collect()
         };
-        let mut vrng = Rng(0x94D0_49BB_1331_11EB);
-        for i in 0..=queries {
-            let base = &target_vectors[(vrng.next() % target_vectors.len() as u64) as usize];
-            let q: Vec<f32> = base.iter().map(|x| x + 0.5 * vrng.normal()).collect();
-            let query = CandidateQuery { terms: vec![], kinds: vec![], lexical_limit: 64, embedding: Some(q.clone()), vector_limit: VECTOR_LIMIT, now_ms: now_ms() };
-            let t = Instant::now();
-            let candidates = store.memory_candidates(&target, &query).await.unwrap_or_else(|e| fail(&format!("vector search: {e}")));
-            let ranked = rank::rank(candidates, Some(&q), query.now_ms, Weights::default());
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            if i == 0 {
-                build_ms = ms;
-                continue;
-            }
-            vector_lat.push(ms);
-            // recall@10: the top 10 by cosine among what the search considered, against
-            // the exact top 10 of the whole namespace.
-            let truth = exact_top(&target_vectors, &q, 10);
-            let truth_keys: std::collections::HashSet<String> = truth.iter().map(|i| format!("m/{i}")).collect();
-            let mut by_cosine: Vec<(f64, &str)> = ranked.iter().filter_map(|r| r.vector.map(|v| (v, r.record.memory_key.as_str()))).collect();
-            by_cosine.sort_by(|a, b| b.0.total_cmp(&a.0));
-            let got = by_cosine.iter().take(10).filter(|(_, k)| truth_keys.contains(*k)).count();
-            recall_sum += got as f64 / truth.len().max(1) as f64;
-            recent_recall_sum += truth.iter().filter(|i| recent.contains(i)).count() as f64 / truth.len().max(1) as f64;
-        }
-        vector_lat.sort_by(f64::total_cmp);
-        let recall = recall_sum / queries.max(1) as f64;
-        let recent_recall = recent_recall_sum / queries.max(1) as f64;
+        let (vector_lat, recall, recent_recall, build_ms) =
+            vector_searches(store.as_ref(), &target, &target_vectors, queries, &recent).await;
 
         // Puts through the pipeline, `writers` at once, new keys across 1,000 namespaces.
         let set = Arc::new(MemoryPolicySet {
@@ -367,51 +343,7 @@ fn main() {
             .into(),
             ..Default::default()
         });
-        let writer = Writer { principal: "bench".into(), is_worker: true, is_application_writer: false };
-        let deadline = Instant::now() + s.put_duration;
-        let put_started = Instant::now();
-        let tasks: Vec<_> = (0..s.writers)
-            .map(|w| {
-                let (store, set, writer, k, words, topics) = (store.clone(), set.clone(), writer.clone(), k.clone(), words.clone(), topics.clone());
-                tokio::spawn(async move {
-                    let zipf = Zipf::new(VOCABULARY);
-                    let mut rng = Rng(0xA076_1D64_78BD_642F ^ (w as u64 + 1));
-                    let policy = set.effective("bench-agent");
-                    let mut latencies = Vec::new();
-                    let mut n = 0u64;
-                    while Instant::now() < deadline {
-                        let ns = namespace(&k, (rng.next() % 1_000) as usize);
-                        let t = Instant::now();
-                        let proposal = Proposal {
-                            memory_key: format!("put/{w}/{n}"),
-                            kind: MemoryKind::Semantic,
-                            media_type: "text/plain".into(),
-                            body: text(&mut rng, &zipf, &words),
-                            importance: None,
-                            embedding: Some(topics.embedding(&mut rng)),
-                            retention_policy: None,
-                            source_run_id: Some(format!("run-{n}")),
-                            model_version: None,
-                        };
-                        let ctx = WriteContext { namespace: &ns, writer: &writer, policy: &policy, deployment: &set.deployment, source_binding_id: None, harness: None, now_ms: now_ms() };
-                        let record = prepare(proposal, &ctx).unwrap_or_else(|e| fail(&format!("pipeline: {e}")));
-                        store
-                            .put_memory(&MemoryPut { record, expected_revision: None, consolidation: policy.consolidation, fence: None })
-                            .await
-                            .unwrap_or_else(|e| fail(&format!("put: {e}")));
-                        latencies.push(t.elapsed().as_secs_f64() * 1e3);
-                        n += 1;
-                    }
-                    latencies
-                })
-            })
-            .collect();
-        let mut put_lat = Vec::new();
-        for t in tasks {
-            put_lat.extend(t.await.unwrap_or_else(|e| fail(&format!("writer: {e}"))));
-        }
-        let put_s = put_started.elapsed().as_secs_f64();
-        put_lat.sort_by(f64::total_cmp);
+        let (put_lat, put_s) = puts(store.clone(), &set, &k, &words, &topics, s.writers, s.put_duration).await;
 
         // The baseline, right after: the same bytes per put through the same writer and
         // group commit, into an otherwise empty database with one table and no index.
@@ -494,6 +426,53 @@ fn main() {
         json.insert("baseline_put_p50_ms".into(), percentile(&base_lat, 0.5).into());
         json.insert("baseline_put_p99_ms".into(), percentile(&base_lat, 0.99).into());
         json.insert("puts_of_baseline".into(), (puts_per_s / base_per_s.max(f64::MIN_POSITIVE)).into());
+
+        // The MongoDB protocol on FerretDB v1, what this machine can run (full runs; set
+        // HARNESS_BENCH_MEMORY_MONGO=0 to skip): FerretDB has no vector search, so the
+        // store keeps its in-process index there too. A smaller corpus of the same shape
+        // (FerretDB writes a few hundred documents a second), searched the same way.
+        if full && std::env::var("HARNESS_BENCH_MEMORY_MONGO").as_deref() != Ok("0") {
+            const MONGO_IN_NAMESPACE: usize = 10_000;
+            let ferret = ferret::FerretDb::start(scratch.path());
+            let mongo = Arc::new(
+                MongoStore::connect(&ferret.uri(), &format!("membench_{}", std::process::id()), Limits::default())
+                    .await
+                    .unwrap_or_else(|e| fail(&format!("mongo: {e}"))),
+            );
+            let started = Instant::now();
+            let mut mrng = Rng(0x9E37_79B9_7F4A_7C15);
+            let mut merng = Rng(0x2545_F491_4F6C_DD1D);
+            let mut vectors = Vec::with_capacity(MONGO_IN_NAMESPACE);
+            let mut batch = Vec::with_capacity(1_000);
+            for i in 0..MONGO_IN_NAMESPACE {
+                let mut r = record(&target, &format!("m/{i}"), text(&mut mrng, &zipf, &words), now, &mut mrng);
+                let v = topics.embedding(&mut merng);
+                vectors.push(v.clone());
+                r.embedding = Some(v);
+                batch.push(r);
+                if batch.len() == 1_000 || i + 1 == MONGO_IN_NAMESPACE {
+                    mongo.load_memories(std::mem::take(&mut batch)).await.unwrap_or_else(|e| fail(&format!("mongo load: {e}")));
+                }
+            }
+            let mongo_seed_s = started.elapsed().as_secs_f64();
+            let (m_lat, m_recall, _, m_build_ms) = vector_searches(mongo.as_ref(), &target, &vectors, 200, &HashSet::new()).await;
+            let (m_put_lat, m_put_s) = puts(mongo.clone(), &set, &k, &words, &topics, s.writers, s.put_duration).await;
+            let m_puts_per_s = m_put_lat.len() as f64 / m_put_s;
+            println!();
+            println!("MongoDB protocol (FerretDB v1, sqlite handler): {MONGO_IN_NAMESPACE} memories in one namespace, seeded in {mongo_seed_s:.1} s");
+            println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12}", format!("search by embedding ({DIMS} dims)"), m_lat.len(), percentile(&m_lat, 0.5), percentile(&m_lat, 0.99), "");
+            println!("{:<34} {:>8} {:>9.2} {:>9.2} {:>12.0}", format!("put ({} writers, pipeline + CAS)", s.writers), m_put_lat.len(), percentile(&m_put_lat, 0.5), percentile(&m_put_lat, 0.99), m_puts_per_s);
+            println!("embedding search: recall@10 against exact cosine {m_recall:.3}; first search, building the index from the collection: {m_build_ms:.0} ms");
+            json.insert("mongo_memories_in_namespace".into(), MONGO_IN_NAMESPACE.into());
+            json.insert("mongo_seed_seconds".into(), mongo_seed_s.into());
+            json.insert("mongo_vector_search_p50_ms".into(), percentile(&m_lat, 0.5).into());
+            json.insert("mongo_vector_search_p99_ms".into(), percentile(&m_lat, 0.99).into());
+            json.insert("mongo_vector_recall_at_10".into(), m_recall.into());
+            json.insert("mongo_vector_index_build_ms".into(), m_build_ms.into());
+            json.insert("mongo_puts_per_s".into(), m_puts_per_s.into());
+            json.insert("mongo_put_p50_ms".into(), percentile(&m_put_lat, 0.5).into());
+            json.insert("mongo_put_p99_ms".into(), percentile(&m_put_lat, 0.99).into());
+        }
     });
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&out);
@@ -505,6 +484,151 @@ fn main() {
         Ok(()) => println!("wrote {}", path.display()),
         Err(e) => fail(&format!("writing {}: {e}", path.display())),
     }
+}
+
+/// Searches by embedding in `target`, `queries` times after a first search (which
+/// builds the namespace's index and is timed on its own). A query is one of `vectors`
+/// (keys `m/<i>`) plus noise. Returns the latencies (sorted), recall@10 of the top 10
+/// by cosine among what the search considered against the exact top 10 over `vectors`,
+/// the share of that exact top 10 held by `recent`, and the first search's time.
+async fn vector_searches<S: MemoryStore + ?Sized>(
+    store: &S,
+    target: &Namespace,
+    vectors: &[Vec<f32>],
+    queries: usize,
+    recent: &HashSet<usize>,
+) -> (Vec<f64>, f64, f64, f64) {
+    let mut lat = Vec::with_capacity(queries);
+    let (mut recall_sum, mut recent_sum, mut build_ms) = (0.0, 0.0, 0.0);
+    let mut vrng = Rng(0x94D0_49BB_1331_11EB);
+    for i in 0..=queries {
+        let base = &vectors[(vrng.next() % vectors.len() as u64) as usize];
+        let q: Vec<f32> = base.iter().map(|x| x + 0.5 * vrng.normal()).collect();
+        let query = CandidateQuery {
+            terms: vec![],
+            kinds: vec![],
+            lexical_limit: 64,
+            embedding: Some(q.clone()),
+            vector_limit: VECTOR_LIMIT,
+            now_ms: now_ms(),
+        };
+        let t = Instant::now();
+        let candidates = store
+            .memory_candidates(target, &query)
+            .await
+            .unwrap_or_else(|e| fail(&format!("vector search: {e}")));
+        let ranked = rank::rank(candidates, Some(&q), query.now_ms, Weights::default());
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if i == 0 {
+            build_ms = ms;
+            continue;
+        }
+        lat.push(ms);
+        let truth = exact_top(vectors, &q, 10);
+        let truth_keys: HashSet<String> = truth.iter().map(|i| format!("m/{i}")).collect();
+        let mut by_cosine: Vec<(f64, &str)> = ranked
+            .iter()
+            .filter_map(|r| r.vector.map(|v| (v, r.record.memory_key.as_str())))
+            .collect();
+        by_cosine.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let got = by_cosine
+            .iter()
+            .take(10)
+            .filter(|(_, k)| truth_keys.contains(*k))
+            .count();
+        recall_sum += got as f64 / truth.len().max(1) as f64;
+        recent_sum +=
+            truth.iter().filter(|i| recent.contains(i)).count() as f64 / truth.len().max(1) as f64;
+    }
+    lat.sort_by(f64::total_cmp);
+    let n = queries.max(1) as f64;
+    (lat, recall_sum / n, recent_sum / n, build_ms)
+}
+
+/// Puts through the write pipeline and the store's compare-and-set, `writers` at once
+/// for `duration`, new keys across 1,000 namespaces: the latencies (sorted) and the
+/// seconds they took.
+async fn puts<S: MemoryStore + 'static>(
+    store: Arc<S>,
+    set: &Arc<MemoryPolicySet>,
+    k: &Keyring,
+    words: &[String],
+    topics: &Topics,
+    writers: usize,
+    duration: Duration,
+) -> (Vec<f64>, f64) {
+    let writer = Writer {
+        principal: "bench".into(),
+        is_worker: true,
+        is_application_writer: false,
+    };
+    let words: Arc<Vec<String>> = Arc::new(words.to_vec());
+    let deadline = Instant::now() + duration;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| {
+            let (store, set, writer, k, words, topics) = (
+                store.clone(),
+                set.clone(),
+                writer.clone(),
+                k.clone(),
+                words.clone(),
+                topics.clone(),
+            );
+            tokio::spawn(async move {
+                let zipf = Zipf::new(VOCABULARY);
+                let mut rng = Rng(0xA076_1D64_78BD_642F ^ (w as u64 + 1));
+                let policy = set.effective("bench-agent");
+                let mut latencies = Vec::new();
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let ns = namespace(&k, (rng.next() % 1_000) as usize);
+                    let t = Instant::now();
+                    let proposal = Proposal {
+                        memory_key: format!("put/{w}/{n}"),
+                        kind: MemoryKind::Semantic,
+                        media_type: "text/plain".into(),
+                        body: text(&mut rng, &zipf, &words),
+                        importance: None,
+                        embedding: Some(topics.embedding(&mut rng)),
+                        retention_policy: None,
+                        source_run_id: Some(format!("run-{n}")),
+                        model_version: None,
+                    };
+                    let ctx = WriteContext {
+                        namespace: &ns,
+                        writer: &writer,
+                        policy: &policy,
+                        deployment: &set.deployment,
+                        source_binding_id: None,
+                        harness: None,
+                        now_ms: now_ms(),
+                    };
+                    let record =
+                        prepare(proposal, &ctx).unwrap_or_else(|e| fail(&format!("pipeline: {e}")));
+                    store
+                        .put_memory(&MemoryPut {
+                            record,
+                            expected_revision: None,
+                            consolidation: policy.consolidation,
+                            fence: None,
+                        })
+                        .await
+                        .unwrap_or_else(|e| fail(&format!("put: {e}")));
+                    latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                    n += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap_or_else(|e| fail(&format!("writer: {e}"))));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    (lat, seconds)
 }
 
 fn fail(msg: &str) -> ! {
