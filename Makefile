@@ -64,8 +64,9 @@ bench-store: e2e-build
 
 ## bench-memory: memory search p50/p99 by words and by embedding (100,000 in the
 ## namespace, 1,000,000 in total), recall@10 of embedding search against exact cosine,
-## and put throughput on the embedded store (prints a table, writes target/bench/memory.json).
-bench-memory:
+## and put throughput on the embedded store beside a same-run baseline of the same bytes; the
+## same search and puts on FerretDB (prints a table, writes target/bench/memory.json).
+bench-memory: e2e-build
 	$(CARGO) bench --locked --bench memory
 
 ## bench-memory-scan: the cost of scanning one memory write (secret catalog, normalized
