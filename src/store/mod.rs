@@ -245,11 +245,10 @@ pub trait ThreadStateStore: NativeStore + Send + Sync {
     /// Steps 3 and 4 of the commit protocol in one call: stores `payload` as pending
     /// (idempotently, as `write_native_state`) and commits it (as `commit_head`, whose
     /// `request.state_id` is replaced by the new state's id); with `index`, also stores
-    /// `payload` as that native object (an upsert). A backend that can runs all of it in
-    /// one transaction, so a refused commit leaves nothing behind and the turn costs one
-    /// durable write; this default runs the steps one after the other. Both backends
-    /// override it so that the object refers to the committed state for its body
-    /// instead of holding a second copy.
+    /// `payload` as that native object (an upsert, see `index_committed`). A backend
+    /// that can runs all of it in one transaction, so a refused commit leaves nothing
+    /// behind and the turn costs one durable write; this default runs the steps one
+    /// after the other (the index key is checked before anything is written).
     async fn write_and_commit(
         &self,
         scope: &StateScope,
@@ -258,6 +257,9 @@ pub trait ThreadStateStore: NativeStore + Send + Sync {
         request: &CommitRequest,
         index: Option<&str>,
     ) -> Result<(PendingStateRef, DurableStateHead)> {
+        if let Some(key) = index {
+            self.check_object(key, payload)?;
+        }
         let pending = self.write_native_state(scope, payload, idempotency).await?;
         let request = CommitRequest {
             state_id: pending.state_id.clone(),
@@ -265,10 +267,26 @@ pub trait ThreadStateStore: NativeStore + Send + Sync {
         };
         let head = self.commit_head(scope, &request).await?;
         if let Some(key) = index {
-            self.put_object(scope, key, payload, PutMode::Upsert)
-                .await?;
+            self.index_committed(scope, key, payload, &pending).await?;
         }
         Ok((pending, head))
+    }
+    /// Refuses an object key or body the backend's limits do not allow.
+    fn check_object(&self, key: &str, body: &[u8]) -> Result<()>;
+    /// The object put of `write_and_commit` with an index key, after the commit of
+    /// `state`, whose body is `payload`: an upsert. A backend overrides it to refer to
+    /// the committed state instead of storing a second copy of the body.
+    async fn index_committed(
+        &self,
+        scope: &StateScope,
+        key: &str,
+        payload: &[u8],
+        state: &PendingStateRef,
+    ) -> Result<()> {
+        let _ = state;
+        self.put_object(scope, key, payload, PutMode::Upsert)
+            .await
+            .map(|_| ())
     }
     /// Marks a run's durability uncertain: the previous head stays, and nothing commits
     /// under that run until `reconcile_run`.

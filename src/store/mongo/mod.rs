@@ -513,34 +513,23 @@ impl ThreadStateStore for MongoStore {
         self.commit_head_impl(scope, request).await
     }
 
-    /// The steps in order (FerretDB v1 and a standalone MongoDB have no multi-document
-    /// transaction): a worker that dies after the commit leaves the head without its
-    /// index object, which the adapter writes back from the head (see the LangGraph
-    /// saver's repair). The index object refers to the state document instead of
-    /// holding a second copy of the body.
-    async fn write_and_commit(
+    fn check_object(&self, key: &str, body: &[u8]) -> Result<()> {
+        Ok(crate::store::checks::object(&self.limits, key, body)?)
+    }
+
+    /// FerretDB v1 and a standalone MongoDB have no multi-document transaction, so
+    /// `write_and_commit` runs its steps in order: a worker that dies after the commit
+    /// leaves the head without its index object, which the adapter writes back from the
+    /// head (see the LangGraph saver's repair). The index object refers to the state
+    /// document instead of holding a second copy of the body.
+    async fn index_committed(
         &self,
         scope: &StateScope,
-        payload: &[u8],
-        idempotency: &IdempotencyDigest,
-        request: &CommitRequest,
-        index: Option<&str>,
-    ) -> Result<(PendingStateRef, DurableStateHead)> {
-        if let Some(key) = index {
-            crate::store::checks::object(&self.limits, key, payload)?;
-        }
-        let pending = self
-            .write_native_state_impl(scope, payload, idempotency)
-            .await?;
-        let request = CommitRequest {
-            state_id: pending.state_id.clone(),
-            ..request.clone()
-        };
-        let head = self.commit_head_impl(scope, &request).await?;
-        if let Some(key) = index {
-            self.index_state_impl(scope, key, &pending).await?;
-        }
-        Ok((pending, head))
+        key: &str,
+        _payload: &[u8],
+        state: &PendingStateRef,
+    ) -> Result<()> {
+        self.index_state_impl(scope, key, state).await.map(|_| ())
     }
 
     async fn mark_uncertain(&self, scope: &StateScope, run_id: &str, reason: &str) -> Result<()> {

@@ -550,6 +550,10 @@ impl ThreadStateStore for SqliteStore {
             .await
     }
 
+    fn check_object(&self, key: &str, body: &[u8]) -> Result<()> {
+        Ok(crate::store::checks::object(&self.limits, key, body)?)
+    }
+
     async fn write_and_commit(
         &self,
         scope: &StateScope,
@@ -560,7 +564,7 @@ impl ThreadStateStore for SqliteStore {
     ) -> Result<(PendingStateRef, DurableStateHead)> {
         crate::store::checks::native_state(&self.limits, payload, idempotency)?;
         if let Some(key) = index {
-            crate::store::checks::object(&self.limits, key, payload)?;
+            self.check_object(key, payload)?;
         }
         let scope = self.scoped_write(scope)?;
         let write = state::NativeWrite {
