@@ -12,7 +12,11 @@ a worker that must survive a restart uses). The figures:
 - checkpoints/s: `put` calls completed per second of wall time over all N runs (the
   graph's own work included, the same for all three);
 - put p50/p99 (ms): latency of each `put` call as the graph saw it; put_writes p50 the
-  same for `put_writes` (a task's pending writes, one call per step).
+  same for `put_writes` (a task's pending writes, one call per step) and get_tuple p50
+  for `get_tuple` (the thread's latest checkpoint, read when a run starts);
+- ms per run in the saver (the three calls' summed latencies) and in the graph (the
+  rest of the run's wall time: LangGraph's own work, the same for all three savers), so
+  the table shows where a saver's time goes and what bounds any saver.
 
 The three savers stay open for the whole benchmark and are measured in ``--rounds``
 rounds (default 8); each round runs all three, one after the other, in an order that
@@ -53,13 +57,16 @@ from harness_engine.langgraph import CODEC, HarnessCheckpointSaver  # noqa: E402
 
 
 class Timed:
-    """Wraps a saver's `put` and `put_writes` to record each call's latency."""
+    """Wraps a saver's `put`, `put_writes` and `get_tuple` to record each call's latency
+    (the three calls a synchronous graph run makes; together, the saver's share of a run)."""
 
     def __init__(self, saver: Any) -> None:
         self.latencies: list[float] = []
         self.writes: list[float] = []
+        self.reads: list[float] = []
         saver.put = self._wrap(saver.put, self.latencies)
         saver.put_writes = self._wrap(saver.put_writes, self.writes)
+        saver.get_tuple = self._wrap(saver.get_tuple, self.reads)
 
     @staticmethod
     def _wrap(inner: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
@@ -88,7 +95,13 @@ def measure(name: str, saver: Any, runs: int, warmup: int) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     lat = sorted(timed.latencies)
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    in_saver = sum(timed.latencies) + sum(timed.writes) + sum(timed.reads)
     return {
+        # Where a run's time goes: inside the saver's calls, and everything else (the
+        # graph's own Python work, identical for all three savers).
+        "saver_ms_per_run": in_saver / runs * 1000,
+        "graph_ms_per_run": (elapsed - in_saver) / runs * 1000,
+        "get_tuple_p50_ms": statistics.median(timed.reads) * 1000 if timed.reads else 0.0,
         "checkpoints_per_s": len(lat) / elapsed,
         "put_p50_ms": statistics.median(lat) * 1000,
         "put_p99_ms": p99 * 1000,
@@ -234,12 +247,15 @@ def main() -> None:
         print(f"{i + 1:<6} " + " ".join(f"{r[n]['checkpoints_per_s']:>16.1f}" for n in names) + f" {hp:>16.2f}x {hs:>14.2f}x")
     print(
         f"\n{'saver':<10} {'checkpoints/s':>14} {'put p50 ms':>11} {'put p99 ms':>11} "
-        f"{'put_writes p50 ms':>18}   (medians over the rounds)"
+        f"{'put_writes p50':>15} {'get_tuple p50':>14} {'ms/run in saver':>16} {'ms/run graph':>13}"
+        "   (medians over the rounds)"
     )
     for name in names:
         print(
             f"{name:<10} {median(name, 'checkpoints_per_s'):>14.1f} {median(name, 'put_p50_ms'):>11.2f} "
-            f"{median(name, 'put_p99_ms'):>11.2f} {median(name, 'put_writes_p50_ms'):>18.2f}"
+            f"{median(name, 'put_p99_ms'):>11.2f} {median(name, 'put_writes_p50_ms'):>15.2f} "
+            f"{median(name, 'get_tuple_p50_ms'):>14.2f} {median(name, 'saver_ms_per_run'):>16.2f} "
+            f"{median(name, 'graph_ms_per_run'):>13.2f}"
         )
     over_pg = statistics.median(r["harness"]["checkpoints_per_s"] / r["postgres"]["checkpoints_per_s"] for r in rounds)
     over_sqlite = statistics.median(r["harness"]["checkpoints_per_s"] / r["sqlite"]["checkpoints_per_s"] for r in rounds)

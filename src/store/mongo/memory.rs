@@ -611,10 +611,14 @@ impl MongoStore {
                     }
                 }
                 if !ids.is_empty() {
-                    let limit = i64::try_from(ids.len()).unwrap_or(i64::MAX);
+                    // By id: one `$in` on MongoDB, point reads on FerretDB (which scans
+                    // the whole collection for an `$in`).
                     let mut nearest = self
-                        .find_memories(doc! { "_id": { "$in": &ids } }, None, limit)
-                        .await?;
+                        .find_by_ids(&self.memories, &ids, doc! {})
+                        .await?
+                        .into_values()
+                        .map(from_doc)
+                        .collect::<Result<Vec<_>>>()?;
                     // In the index's order, for the same candidates whatever order the
                     // server returns them in.
                     let order: std::collections::HashMap<&str, usize> = ids
@@ -640,9 +644,18 @@ impl MongoStore {
                     break;
                 }
             }
+            // The namespace key determines the environment, scope and agent; naming them
+            // lets the listing index serve the filter and the sort (a namespace can hold
+            // 100,000 records: no in-memory sort of all of them).
             let recent = self
                 .find_memories(
-                    doc! { "namespace_key": &ns.key, "approval_status": admitted() },
+                    doc! {
+                        "environment_id": &ns.environment,
+                        "scope": scope_str(ns.scope),
+                        "namespace_key": &ns.key,
+                        "agent_id": &ns.agent_id,
+                        "approval_status": admitted(),
+                    },
                     Some(doc! { "updated_at": -1 }),
                     RECENT_FOR_VECTORS,
                 )

@@ -196,7 +196,7 @@ impl MongoStore {
     }
 
     /// Objects with their bodies, the bodies of objects that refer to a state document
-    /// read from it (one query for all of them).
+    /// read from it (by id, together: see `find_by_ids`).
     async fn with_bodies(&self, views: Vec<ObjectView>) -> Result<Vec<StoredObject>> {
         let refs: Vec<&str> = views
             .iter()
@@ -205,19 +205,9 @@ impl MongoStore {
         let mut states: HashMap<String, Vec<u8>> = HashMap::new();
         if !refs.is_empty() {
             let found = self
-                .state
-                .find(doc! { "_id": { "$in": &refs } })
-                .projection(doc! { "body": 1 })
-                .await
-                .ctx("reading the state bodies of objects")?
-                .try_collect::<Vec<Document>>()
-                .await
-                .ctx("reading the state bodies of objects")?;
-            for mut d in found {
-                let id = d
-                    .get_str("_id")
-                    .map_err(|e| super::corrupt("state id", e))?
-                    .to_owned();
+                .find_by_ids(&self.state, &refs, doc! { "body": 1 })
+                .await?;
+            for (id, mut d) in found {
                 match d.remove("body") {
                     Some(Bson::Binary(body)) => {
                         states.insert(id, body.bytes);
