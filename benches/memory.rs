@@ -301,7 +301,7 @@ fn main() {
             batch.push(r);
             if batch.len() == LOAD_BATCH || i + 1 == s.total {
                 loaded += store.load_memories(std::mem::take(&mut batch)).await.unwrap_or_else(|e| fail(&format!("load: {e}"))) as usize;
-                if loaded % 100_000 == 0 || loaded == s.total {
+                if loaded.is_multiple_of(100_000) || loaded == s.total {
                     progress(&format!("seeded {loaded} of {} memories ({:.0} s)", s.total, started.elapsed().as_secs_f64()));
                 }
             }
