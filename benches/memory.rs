@@ -396,12 +396,8 @@ fn main() {
                 })
             })
             .collect();
-        let mut base_lat = Vec::new();
-        for t in tasks {
-            base_lat.extend(t.await.unwrap_or_else(|e| fail(&format!("baseline writer: {e}"))));
-        }
+        let base_lat = joined(tasks, "baseline writer").await;
         let base_s = base_started.elapsed().as_secs_f64();
-        base_lat.sort_by(f64::total_cmp);
         let base_per_s = base_lat.len() as f64 / base_s;
 
         let puts_per_s = put_lat.len() as f64 / put_s;
@@ -649,13 +645,18 @@ async fn puts<S: MemoryStore + 'static>(
             })
         })
         .collect();
+    let lat = joined(tasks, "writer").await;
+    (lat, started.elapsed().as_secs_f64())
+}
+
+/// The latencies of all `tasks` (each returns its own), sorted.
+async fn joined(tasks: Vec<tokio::task::JoinHandle<Vec<f64>>>, what: &str) -> Vec<f64> {
     let mut lat = Vec::new();
     for t in tasks {
-        lat.extend(t.await.unwrap_or_else(|e| fail(&format!("writer: {e}"))));
+        lat.extend(t.await.unwrap_or_else(|e| fail(&format!("{what}: {e}"))));
     }
-    let seconds = started.elapsed().as_secs_f64();
     lat.sort_by(f64::total_cmp);
-    (lat, seconds)
+    lat
 }
 
 fn fail(msg: &str) -> ! {

@@ -19,10 +19,10 @@ a worker that must survive a restart uses). The figures:
   every saver, and the difference is what each saver adds to a run. (The calls' summed
   latencies would not say this: LangGraph runs some of them concurrently.)
 
-The three savers stay open for the whole benchmark and are measured in ``--rounds``
-rounds (default 8); each round runs all three, one after the other, in an order that
-rotates from round to round, so a slower or faster stretch of a shared machine falls on
-all three alike. The medians over the rounds are the result.
+The savers (the three and `InMemorySaver`) stay open for the whole benchmark and are
+measured in ``--rounds`` rounds (default 8); each round runs all four, one after the
+other, in an order that rotates from round to round, so a slower or faster stretch of a
+shared machine falls on all of them alike. The medians over the rounds are the result.
 
 Printed as a table; the same figures go to target/bench/python.json as one flat object.
 
@@ -59,7 +59,7 @@ from harness_engine.langgraph import CODEC, HarnessCheckpointSaver  # noqa: E402
 
 class Timed:
     """Wraps a saver's `put`, `put_writes` and `get_tuple` to record each call's latency
-    (the three calls a synchronous graph run makes; together, the saver's share of a run)."""
+    (the three calls a synchronous graph run makes)."""
 
     def __init__(self, saver: Any) -> None:
         self.latencies: list[float] = []
